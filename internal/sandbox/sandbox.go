@@ -1,0 +1,127 @@
+// Package sandbox defines the sandbox and operation records and the lifecycle
+// state machine: which states exist, which operations each state accepts, and
+// what a sandbox passes through while an operation runs. It is pure logic; the
+// lifecycle engine acts on it and the store persists it.
+package sandbox
+
+import "time"
+
+// State is a sandbox's lifecycle state.
+type State string
+
+// The states. Transitional states (…ing) mean an operation is in flight.
+const (
+	Starting   State = "starting"
+	Running    State = "running"
+	Pausing    State = "pausing"
+	Paused     State = "paused"
+	Resuming   State = "resuming"
+	Suspending State = "suspending"
+	Suspended  State = "suspended"
+	Restoring  State = "restoring"
+	Deleting   State = "deleting"
+	Deleted    State = "deleted"
+	Failed     State = "failed"
+)
+
+// States lists every state in documentation order.
+var States = []State{Starting, Running, Pausing, Paused, Resuming, Suspending, Suspended, Restoring, Deleting, Deleted, Failed}
+
+// Valid reports whether s is a known state.
+func (s State) Valid() bool {
+	for _, k := range States {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Resources are the limits a sandbox runs with.
+type Resources struct {
+	VCPUs     int `json:"vcpus"`
+	MemoryMiB int `json:"memory_mib"`
+	DiskMiB   int `json:"disk_mib"`
+}
+
+// AutoLifecycle is the idle policy of a sandbox.
+type AutoLifecycle struct {
+	IdleTimeout string `json:"idle_timeout"`
+	IdleAction  string `json:"idle_action"`
+}
+
+// TemplateRef is the template a sandbox was created from: the reference the
+// user gave and the digest it resolved to.
+type TemplateRef struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+}
+
+// ErrorInfo is a failure recorded on a sandbox or operation.
+type ErrorInfo struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Sandbox is the durable record of one sandbox.
+type Sandbox struct {
+	ID            string            `json:"id"`
+	State         State             `json:"state"`
+	Template      TemplateRef       `json:"template"`
+	Runtime       string            `json:"runtime"`
+	Resources     Resources         `json:"resources"`
+	Env           map[string]string `json:"env"`
+	Metadata      map[string]string `json:"metadata"`
+	AutoLifecycle AutoLifecycle     `json:"auto_lifecycle"`
+	CreatedAt     time.Time         `json:"created_at"`
+	UpdatedAt     time.Time         `json:"updated_at"`
+	LastActiveAt  time.Time         `json:"last_active_at"`
+	Error         *ErrorInfo        `json:"error"`
+
+	// ActiveOperation is the id of the lifecycle operation in flight, if any.
+	// At most one is in flight per sandbox.
+	ActiveOperation string `json:"-"`
+}
+
+// OpKind is the kind of a lifecycle operation.
+type OpKind string
+
+// The operation kinds.
+const (
+	OpCreate  OpKind = "create"
+	OpPause   OpKind = "pause"
+	OpSuspend OpKind = "suspend"
+	OpWake    OpKind = "wake"
+	OpDelete  OpKind = "delete"
+)
+
+// OpState is the progress of an operation.
+type OpState string
+
+// The operation states; Succeeded and Failed are terminal.
+const (
+	OpPending   OpState = "pending"
+	OpRunning   OpState = "running"
+	OpSucceeded OpState = "succeeded"
+	OpFailed    OpState = "failed"
+)
+
+// Terminal reports whether s is a final outcome.
+func (s OpState) Terminal() bool { return s == OpSucceeded || s == OpFailed }
+
+// Operation is the durable record of one asynchronous lifecycle change.
+type Operation struct {
+	ID          string     `json:"id"`
+	Kind        OpKind     `json:"kind"`
+	SandboxID   string     `json:"sandbox_id"`
+	State       OpState    `json:"state"`
+	Error       *ErrorInfo `json:"error"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	CompletedAt *time.Time `json:"completed_at"`
+
+	// From is the sandbox state the operation started from; the engine
+	// returns the sandbox to it when the runtime reports the change did not
+	// happen.
+	From State `json:"-"`
+}

@@ -1,0 +1,60 @@
+package sandbox
+
+import "fmt"
+
+// Transition says what an operation does to a sandbox: the state it passes
+// through while in flight and the state it ends in on success.
+type Transition struct {
+	Through State // transitional state while in flight
+	To      State // state on success
+	// Immediate means nothing needs doing: the operation succeeds at once
+	// (wake of a running sandbox).
+	Immediate bool
+}
+
+// Plan returns what operation kind k does to a sandbox in state from, or an
+// error explaining why the state does not accept it. It does not consider
+// operations in flight; the caller checks that separately.
+func Plan(k OpKind, from State) (Transition, error) {
+	switch k {
+	case OpPause:
+		if from == Running {
+			return Transition{Through: Pausing, To: Paused}, nil
+		}
+	case OpSuspend:
+		if from == Running || from == Paused {
+			return Transition{Through: Suspending, To: Suspended}, nil
+		}
+	case OpWake:
+		switch from {
+		case Running:
+			return Transition{Through: Running, To: Running, Immediate: true}, nil
+		case Paused:
+			return Transition{Through: Resuming, To: Running}, nil
+		case Suspended:
+			return Transition{Through: Restoring, To: Running}, nil
+		}
+	case OpDelete:
+		switch from {
+		case Running, Paused, Suspended, Failed:
+			return Transition{Through: Deleting, To: Deleted}, nil
+		}
+	case OpCreate:
+		return Transition{}, fmt.Errorf("create applies to new sandboxes only")
+	default:
+		return Transition{}, fmt.Errorf("unknown operation kind %q", k)
+	}
+	return Transition{}, fmt.Errorf("cannot %s a sandbox that is %s", k, from)
+}
+
+// Transitional reports whether s is a state an operation passes through.
+func (s State) Transitional() bool {
+	switch s {
+	case Starting, Pausing, Resuming, Suspending, Restoring, Deleting:
+		return true
+	}
+	return false
+}
+
+// AcceptsWork reports whether commands and file calls may run in state s.
+func (s State) AcceptsWork() bool { return s == Running }

@@ -1,0 +1,50 @@
+package sqlite
+
+// migrations are applied in order; each runs once, in its own transaction,
+// and is recorded in schema_migrations. Never edit a released migration: add
+// a new one.
+var migrations = []string{
+	// 1: sandboxes, operations, idempotency records, tokens.
+	`
+CREATE TABLE sandboxes (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	id         TEXT NOT NULL UNIQUE,
+	state      TEXT NOT NULL,
+	active_op  TEXT NOT NULL DEFAULT '',
+	doc        TEXT NOT NULL
+);
+CREATE INDEX sandboxes_state ON sandboxes(state, seq);
+
+CREATE TABLE operations (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	id         TEXT NOT NULL UNIQUE,
+	sandbox_id TEXT NOT NULL,
+	state      TEXT NOT NULL,
+	from_state TEXT NOT NULL DEFAULT '',
+	doc        TEXT NOT NULL
+);
+CREATE INDEX operations_sandbox ON operations(sandbox_id, seq);
+CREATE INDEX operations_state ON operations(state, seq);
+
+CREATE TABLE idempotency_keys (
+	key         TEXT PRIMARY KEY,
+	fingerprint TEXT NOT NULL,
+	owner       TEXT NOT NULL,
+	state       TEXT NOT NULL,
+	status      INTEGER NOT NULL DEFAULT 0,
+	body        BLOB,
+	location    TEXT NOT NULL DEFAULT '',
+	created_at  INTEGER NOT NULL,
+	expires_at  INTEGER NOT NULL
+);
+CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
+
+CREATE TABLE tokens (
+	id         TEXT PRIMARY KEY,
+	name       TEXT NOT NULL,
+	hash       TEXT NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL,
+	revoked_at INTEGER
+);
+`,
+}

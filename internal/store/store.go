@@ -1,0 +1,183 @@
+// Package store defines how SPACE records its durable state — sandboxes,
+// operations, idempotency records and API tokens — behind one Store interface.
+// Implementations live in subpackages (sqlite); every implementation must pass
+// the conformance suite in storetest.
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// Store is the durable state of a SPACE control plane. Every method is safe for
+// concurrent use. Methods that change a sandbox and its operation do so in one
+// transaction, so a crash never leaves one without the other.
+type Store interface {
+	// CreateSandbox records a new sandbox and its create operation, and
+	// completes idem (when non-nil) in the same transaction.
+	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *Completion) error
+	// GetSandbox returns a sandbox, errdefs.NotFound when there is none.
+	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	// ListSandboxes returns one page of sandboxes in insertion order.
+	ListSandboxes(ctx context.Context, q SandboxQuery) (Page[sandbox.Sandbox], error)
+	// BeginOperation loads the sandbox op targets, lets decide check it and
+	// apply the operation's start to both records (returning an error leaves
+	// everything unchanged), then stores the sandbox, inserts op and completes
+	// idem, all in one transaction. It returns the updated sandbox.
+	BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(sb *sandbox.Sandbox, op *sandbox.Operation) error, idem *Completion) (*sandbox.Sandbox, error)
+	// UpdateOperationState moves a non-terminal operation to state (running).
+	UpdateOperationState(ctx context.Context, opID string, state sandbox.OpState, at time.Time) error
+	// FinishOperation records an operation's terminal outcome and the state
+	// its sandbox ends in, and clears the sandbox's active operation, in one
+	// transaction. Finishing an already terminal operation is a Conflict.
+	FinishOperation(ctx context.Context, f Finish) error
+	// GetOperation returns an operation, errdefs.NotFound when there is none.
+	GetOperation(ctx context.Context, id string) (*sandbox.Operation, error)
+	// ListOperations returns one page of operations in insertion order.
+	ListOperations(ctx context.Context, q OperationQuery) (Page[sandbox.Operation], error)
+	// UnfinishedOperations returns every operation not yet terminal, oldest first.
+	UnfinishedOperations(ctx context.Context) ([]sandbox.Operation, error)
+	// TouchSandbox sets a sandbox's last_active_at.
+	TouchSandbox(ctx context.Context, id string, at time.Time) error
+
+	// ReserveIdempotencyKey records key as in flight for owner unless it
+	// exists. It returns the existing record (reserved=false) or the new one.
+	ReserveIdempotencyKey(ctx context.Context, r IdempotencyRecord) (rec *IdempotencyRecord, reserved bool, err error)
+	// GetIdempotencyKey returns a record, errdefs.NotFound when there is none.
+	GetIdempotencyKey(ctx context.Context, key string) (*IdempotencyRecord, error)
+	// CompleteIdempotencyKey stores the response of an in-flight key.
+	CompleteIdempotencyKey(ctx context.Context, c Completion) error
+	// ReleaseIdempotencyKey deletes an in-flight reservation so the request
+	// can be retried (used when it failed without changing anything).
+	ReleaseIdempotencyKey(ctx context.Context, key string) error
+	// PruneIdempotencyKeys deletes completed records that expired before now
+	// and in-flight reservations held by any owner other than liveOwner (their
+	// process is gone and its transaction never committed).
+	PruneIdempotencyKeys(ctx context.Context, now time.Time, liveOwner string) (int, error)
+
+	// CreateToken stores an API token (its hash, never its value).
+	CreateToken(ctx context.Context, t *Token) error
+	// TokenByHash returns the token with hash h, errdefs.NotFound when none.
+	TokenByHash(ctx context.Context, h string) (*Token, error)
+	// ListTokens returns every token, revoked ones included.
+	ListTokens(ctx context.Context) ([]Token, error)
+	// RevokeToken marks a token revoked; NotFound when there is none.
+	RevokeToken(ctx context.Context, id string, at time.Time) error
+
+	Close() error
+}
+
+// Finish is the terminal outcome of an operation.
+type Finish struct {
+	OperationID  string
+	State        sandbox.OpState // OpSucceeded or OpFailed
+	Error        *sandbox.ErrorInfo
+	SandboxState sandbox.State
+	SandboxError *sandbox.ErrorInfo
+	At           time.Time
+}
+
+// SandboxQuery selects a page of sandboxes.
+type SandboxQuery struct {
+	State  sandbox.State // empty: every state but deleted
+	Cursor string
+	Limit  int
+}
+
+// OperationQuery selects a page of operations.
+type OperationQuery struct {
+	SandboxID string // empty: all
+	Cursor    string
+	Limit     int
+}
+
+// Page is one page of a list and the cursor of the next ("" at the end).
+type Page[T any] struct {
+	Items []T
+	Next  string
+}
+
+// IdemState is the progress of an idempotent request.
+type IdemState string
+
+// The idempotency record states.
+const (
+	IdemInFlight IdemState = "in_flight"
+	IdemDone     IdemState = "done"
+)
+
+// IdempotencyRecord remembers one idempotent request and, once done, its
+// response.
+type IdempotencyRecord struct {
+	Key         string
+	Fingerprint string // hash of method, path and body
+	Owner       string // process holding an in-flight reservation
+	State       IdemState
+	Status      int
+	Body        []byte
+	Location    string
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+}
+
+// Completion is the response to store for an idempotency key. Body is called
+// inside the transaction that makes the change, after the change is applied.
+type Completion struct {
+	Key      string
+	Status   int
+	Location string
+	Body     func() ([]byte, error)
+}
+
+// Token is an API token's record; the token's value is never stored.
+type Token struct {
+	ID        string
+	Name      string
+	Hash      string // hex sha256 of the token value
+	CreatedAt time.Time
+	RevokedAt *time.Time
+}
+
+// Limits for list pages.
+const (
+	DefaultLimit = 50
+	MaxLimit     = 500
+)
+
+// EncodeCursor makes an opaque cursor from an insertion sequence number.
+func EncodeCursor(seq int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("s" + strconv.FormatInt(seq, 10)))
+}
+
+// DecodeCursor parses a cursor made by EncodeCursor; "" means the start.
+func DecodeCursor(c string) (int64, error) {
+	if c == "" {
+		return 0, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil || len(b) < 2 || b[0] != 's' || strings.HasPrefix(string(b[1:]), "+") {
+		return 0, errdefs.New(errdefs.InvalidArgument, "malformed cursor")
+	}
+	seq, err := strconv.ParseInt(string(b[1:]), 10, 64)
+	if err != nil || seq < 0 {
+		return 0, errdefs.New(errdefs.InvalidArgument, "malformed cursor")
+	}
+	return seq, nil
+}
+
+// NormalizeLimit applies the default and checks the bounds.
+func NormalizeLimit(n int) (int, error) {
+	if n == 0 {
+		return DefaultLimit, nil
+	}
+	if n < 1 || n > MaxLimit {
+		return 0, errdefs.New(errdefs.InvalidArgument, "limit must be between 1 and %d", MaxLimit)
+	}
+	return n, nil
+}

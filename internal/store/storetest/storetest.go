@@ -1,0 +1,521 @@
+// Package storetest is the conformance suite every store.Store implementation
+// must pass. An implementation's test calls Run with a function that opens a
+// fresh, empty database and returns a way to reopen that same database.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Opener opens the database under test; each call opens the same database.
+type Opener func() store.Store
+
+// Factory makes a new empty database for one test.
+type Factory func(t *testing.T) Opener
+
+// Run runs the conformance suite.
+func Run(t *testing.T, newDB Factory) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, Opener)
+	}{
+		{"SandboxRoundTrip", testSandboxRoundTrip},
+		{"DuplicateIDs", testDuplicateIDs},
+		{"ListPagination", testListPagination},
+		{"ListUnderConcurrentInserts", testListUnderConcurrentInserts},
+		{"ListFilters", testListFilters},
+		{"BadCursorAndLimit", testBadCursorAndLimit},
+		{"BeginOperationAtomic", testBeginOperationAtomic},
+		{"FinishOperation", testFinishOperation},
+		{"UnfinishedOperations", testUnfinishedOperations},
+		{"Idempotency", testIdempotency},
+		{"IdempotencyAtomicWithChange", testIdempotencyAtomicWithChange},
+		{"Tokens", testTokens},
+		{"SurvivesReopen", testSurvivesReopen},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			open := newDB(t)
+			tc.fn(t, open)
+		})
+	}
+}
+
+var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func newSandbox(state sandbox.State) (*sandbox.Sandbox, *sandbox.Operation) {
+	sb := &sandbox.Sandbox{
+		ID: ids.New(ids.Sandbox), State: state,
+		Template:  sandbox.TemplateRef{Ref: "seed:latest", Digest: "sha256:abc"},
+		Runtime:   "fake",
+		Resources: sandbox.Resources{VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048},
+		Env:       map[string]string{"A": "b"}, Metadata: map[string]string{"k": "v"},
+		CreatedAt: epoch, UpdatedAt: epoch, LastActiveAt: epoch,
+	}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
+	sb.ActiveOperation = op.ID
+	return sb, op
+}
+
+func mustCreate(t *testing.T, s store.Store, state sandbox.State) (*sandbox.Sandbox, *sandbox.Operation) {
+	t.Helper()
+	sb, op := newSandbox(state)
+	if err := s.CreateSandbox(context.Background(), sb, op, nil); err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	return sb, op
+}
+
+func wantKind(t *testing.T, err error, k *errdefs.Kind) {
+	t.Helper()
+	if !errors.Is(err, k) {
+		t.Fatalf("error = %v, want kind %s", err, k.Code)
+	}
+}
+
+func testSandboxRoundTrip(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	sb, op := mustCreate(t, s, sandbox.Starting)
+	got, err := s.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != sb.ID || got.State != sandbox.Starting || got.Template != sb.Template || got.Env["A"] != "b" ||
+		got.Metadata["k"] != "v" || !got.CreatedAt.Equal(epoch) || got.ActiveOperation != op.ID || got.Resources != sb.Resources {
+		t.Fatalf("round trip mismatch: %+v", got)
+	}
+	gop, err := s.GetOperation(ctx, op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gop.Kind != sandbox.OpCreate || gop.SandboxID != sb.ID || gop.State != sandbox.OpPending || gop.CompletedAt != nil {
+		t.Fatalf("operation mismatch: %+v", gop)
+	}
+	_, err = s.GetSandbox(ctx, ids.New(ids.Sandbox))
+	wantKind(t, err, errdefs.NotFound)
+	_, err = s.GetOperation(ctx, ids.New(ids.Operation))
+	wantKind(t, err, errdefs.NotFound)
+
+	later := epoch.Add(time.Hour)
+	if err := s.TouchSandbox(ctx, sb.ID, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.TouchSandbox(ctx, sb.ID, epoch); err != nil { // never goes back
+		t.Fatal(err)
+	}
+	got, _ = s.GetSandbox(ctx, sb.ID)
+	if !got.LastActiveAt.Equal(later) {
+		t.Fatalf("last_active_at = %v, want %v", got.LastActiveAt, later)
+	}
+	wantKind(t, s.TouchSandbox(ctx, ids.New(ids.Sandbox), later), errdefs.NotFound)
+}
+
+func testDuplicateIDs(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	sb, op := mustCreate(t, s, sandbox.Starting)
+	op2 := *op
+	op2.ID = ids.New(ids.Operation)
+	wantKind(t, s.CreateSandbox(context.Background(), sb, &op2, nil), errdefs.Conflict)
+	sb2, _ := newSandbox(sandbox.Starting)
+	wantKind(t, s.CreateSandbox(context.Background(), sb2, op, nil), errdefs.Conflict)
+	// The failed transaction left nothing behind.
+	if _, err := s.GetSandbox(context.Background(), sb2.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("sandbox of failed create exists: %v", err)
+	}
+}
+
+func listAll(t *testing.T, s store.Store, q store.SandboxQuery) []string {
+	t.Helper()
+	var out []string
+	for i := 0; ; i++ {
+		p, err := s.ListSandboxes(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range p.Items {
+			out = append(out, sb.ID)
+		}
+		if p.Next == "" {
+			return out
+		}
+		if len(p.Items) != q.Limit && q.Limit != 0 {
+			t.Fatalf("short page (%d) with a next cursor", len(p.Items))
+		}
+		q.Cursor = p.Next
+		if i > 10000 {
+			t.Fatal("pagination does not end")
+		}
+	}
+}
+
+func testListPagination(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	var want []string
+	for i := 0; i < 120; i++ {
+		sb, _ := mustCreate(t, s, sandbox.Running)
+		want = append(want, sb.ID)
+	}
+	for _, limit := range []int{1, 7, 50, 120, 500} {
+		got := listAll(t, s, store.SandboxQuery{Limit: limit})
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("limit %d: got %d items, want %d in insertion order", limit, len(got), len(want))
+		}
+	}
+	p, err := s.ListSandboxes(context.Background(), store.SandboxQuery{})
+	if err != nil || len(p.Items) != store.DefaultLimit || p.Next == "" {
+		t.Fatalf("default page: %d items, next %q, err %v", len(p.Items), p.Next, err)
+	}
+	// An exactly full last page has no next cursor.
+	p, err = s.ListSandboxes(context.Background(), store.SandboxQuery{Limit: 120})
+	if err != nil || len(p.Items) != 120 || p.Next != "" {
+		t.Fatalf("full page: %d items, next %q, err %v", len(p.Items), p.Next, err)
+	}
+}
+
+func testListUnderConcurrentInserts(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	initial := map[string]bool{}
+	for i := 0; i < 60; i++ {
+		sb, _ := mustCreate(t, s, sandbox.Running)
+		initial[sb.ID] = true
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			sb, op := newSandbox(sandbox.Running)
+			if err := s.CreateSandbox(context.Background(), sb, op, nil); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	seen := map[string]bool{}
+	q := store.SandboxQuery{Limit: 5}
+	for {
+		p, err := s.ListSandboxes(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range p.Items {
+			if seen[sb.ID] {
+				t.Fatalf("%s listed twice", sb.ID)
+			}
+			seen[sb.ID] = true
+		}
+		if p.Next == "" || len(seen) > 400 {
+			break
+		}
+		q.Cursor = p.Next
+	}
+	close(stop)
+	wg.Wait()
+	for id := range initial {
+		if !seen[id] {
+			t.Fatalf("%s missed", id)
+		}
+	}
+}
+
+func testListFilters(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	run, _ := mustCreate(t, s, sandbox.Running)
+	paused, _ := mustCreate(t, s, sandbox.Paused)
+	gone, op := mustCreate(t, s, sandbox.Deleting)
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Deleted, At: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	if got := listAll(t, s, store.SandboxQuery{}); fmt.Sprint(got) != fmt.Sprint([]string{run.ID, paused.ID}) {
+		t.Fatalf("default list = %v (deleted must be hidden)", got)
+	}
+	if got := listAll(t, s, store.SandboxQuery{State: sandbox.Paused}); fmt.Sprint(got) != fmt.Sprint([]string{paused.ID}) {
+		t.Fatalf("paused list = %v", got)
+	}
+	if got := listAll(t, s, store.SandboxQuery{State: sandbox.Deleted}); fmt.Sprint(got) != fmt.Sprint([]string{gone.ID}) {
+		t.Fatalf("deleted list = %v", got)
+	}
+	// Operations by sandbox.
+	ops, err := s.ListOperations(ctx, store.OperationQuery{SandboxID: gone.ID})
+	if err != nil || len(ops.Items) != 1 || ops.Items[0].ID != op.ID {
+		t.Fatalf("operations of %s = %+v, %v", gone.ID, ops, err)
+	}
+	all, err := s.ListOperations(ctx, store.OperationQuery{Limit: 2})
+	if err != nil || len(all.Items) != 2 || all.Next == "" {
+		t.Fatalf("operations page = %+v, %v", all, err)
+	}
+	rest, err := s.ListOperations(ctx, store.OperationQuery{Limit: 2, Cursor: all.Next})
+	if err != nil || len(rest.Items) != 1 || rest.Next != "" {
+		t.Fatalf("operations second page = %+v, %v", rest, err)
+	}
+}
+
+func testBadCursorAndLimit(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	for _, c := range []string{"!!", "c3g", "eHl6", "cy0x", "cys1", "cw"} {
+		_, err := s.ListSandboxes(ctx, store.SandboxQuery{Cursor: c})
+		wantKind(t, err, errdefs.InvalidArgument)
+		_, err = s.ListOperations(ctx, store.OperationQuery{Cursor: c})
+		wantKind(t, err, errdefs.InvalidArgument)
+	}
+	for _, l := range []int{-1, store.MaxLimit + 1} {
+		_, err := s.ListSandboxes(ctx, store.SandboxQuery{Limit: l})
+		wantKind(t, err, errdefs.InvalidArgument)
+	}
+}
+
+func testBeginOperationAtomic(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	sb, _ := mustCreate(t, s, sandbox.Running)
+	sb.ActiveOperation = ""
+	pause := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpPause, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
+	refuse := errdefs.New(errdefs.FailedPrecondition, "no")
+	_, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) error {
+		sb.State = sandbox.Pausing // must not stick
+		return refuse
+	}, nil)
+	if !errors.Is(err, refuse) {
+		t.Fatalf("err = %v", err)
+	}
+	got, _ := s.GetSandbox(ctx, sb.ID)
+	if got.State != sandbox.Running {
+		t.Fatalf("refused operation changed state to %s", got.State)
+	}
+	if _, err := s.GetOperation(ctx, pause.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("refused operation was stored: %v", err)
+	}
+	out, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) error {
+		op.From = sb.State
+		sb.State, sb.ActiveOperation = sandbox.Pausing, op.ID
+		return nil
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.State != sandbox.Pausing || out.ActiveOperation != pause.ID {
+		t.Fatalf("returned sandbox %+v", out)
+	}
+	gop, _ := s.GetOperation(ctx, pause.ID)
+	if gop.From != sandbox.Running {
+		t.Fatalf("operation from = %q", gop.From)
+	}
+	missing := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpPause, SandboxID: ids.New(ids.Sandbox)}
+	_, err = s.BeginOperation(ctx, missing, func(*sandbox.Sandbox, *sandbox.Operation) error { return nil }, nil)
+	wantKind(t, err, errdefs.NotFound)
+}
+
+func testFinishOperation(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	sb, op := mustCreate(t, s, sandbox.Starting)
+	if err := s.UpdateOperationState(ctx, op.ID, sandbox.OpRunning, epoch.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	fin := epoch.Add(2 * time.Second)
+	e := &sandbox.ErrorInfo{Code: "internal", Message: "boom"}
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: e, SandboxState: sandbox.Failed, SandboxError: e, At: fin}); err != nil {
+		t.Fatal(err)
+	}
+	gop, _ := s.GetOperation(ctx, op.ID)
+	if gop.State != sandbox.OpFailed || gop.Error == nil || gop.Error.Message != "boom" || gop.CompletedAt == nil || !gop.CompletedAt.Equal(fin) {
+		t.Fatalf("finished op = %+v", gop)
+	}
+	got, _ := s.GetSandbox(ctx, sb.ID)
+	if got.State != sandbox.Failed || got.ActiveOperation != "" || got.Error == nil || !got.UpdatedAt.Equal(fin) {
+		t.Fatalf("sandbox after finish = %+v", got)
+	}
+	wantKind(t, s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: fin}), errdefs.Conflict)
+	wantKind(t, s.UpdateOperationState(ctx, op.ID, sandbox.OpRunning, fin), errdefs.Conflict)
+	wantKind(t, s.FinishOperation(ctx, store.Finish{OperationID: ids.New(ids.Operation), State: sandbox.OpSucceeded, At: fin}), errdefs.NotFound)
+}
+
+func testUnfinishedOperations(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	_, a := mustCreate(t, s, sandbox.Starting)
+	_, b := mustCreate(t, s, sandbox.Starting)
+	_, c := mustCreate(t, s, sandbox.Starting)
+	s.UpdateOperationState(ctx, b.ID, sandbox.OpRunning, epoch)
+	s.FinishOperation(ctx, store.Finish{OperationID: c.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: epoch})
+	ops, err := s.UnfinishedOperations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) != 2 || ops[0].ID != a.ID || ops[1].ID != b.ID || ops[1].State != sandbox.OpRunning {
+		t.Fatalf("unfinished = %+v", ops)
+	}
+}
+
+func testIdempotency(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	rec := store.IdempotencyRecord{Key: "k1", Fingerprint: "f1", Owner: "boot-a", CreatedAt: epoch, ExpiresAt: epoch.Add(24 * time.Hour)}
+	got, reserved, err := s.ReserveIdempotencyKey(ctx, rec)
+	if err != nil || !reserved || got.State != store.IdemInFlight {
+		t.Fatalf("first reserve = %+v %v %v", got, reserved, err)
+	}
+	got, reserved, err = s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "k1", Fingerprint: "other", Owner: "boot-a", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	if err != nil || reserved || got.Fingerprint != "f1" || got.State != store.IdemInFlight {
+		t.Fatalf("second reserve = %+v %v %v", got, reserved, err)
+	}
+	body := []byte(`{"x":1}`)
+	if err := s.CompleteIdempotencyKey(ctx, store.Completion{Key: "k1", Status: 202, Location: "/v1/x", Body: func() ([]byte, error) { return body, nil }}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.GetIdempotencyKey(ctx, "k1")
+	if err != nil || got.State != store.IdemDone || got.Status != 202 || string(got.Body) != string(body) || got.Location != "/v1/x" {
+		t.Fatalf("completed = %+v %v", got, err)
+	}
+	// Completing twice is refused.
+	wantKind(t, s.CompleteIdempotencyKey(ctx, store.Completion{Key: "k1", Status: 500, Body: func() ([]byte, error) { return nil, nil }}), errdefs.Conflict)
+	// Release only drops in-flight reservations.
+	if err := s.ReleaseIdempotencyKey(ctx, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetIdempotencyKey(ctx, "k1"); err != nil {
+		t.Fatalf("release dropped a completed key: %v", err)
+	}
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "k2", Fingerprint: "f", Owner: "boot-a", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	if err := s.ReleaseIdempotencyKey(ctx, "k2"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.GetIdempotencyKey(ctx, "k2")
+	wantKind(t, err, errdefs.NotFound)
+
+	// Prune: expired completed keys and in-flight keys of dead owners go.
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "dead", Fingerprint: "f", Owner: "boot-old", CreatedAt: epoch, ExpiresAt: epoch.Add(48 * time.Hour)})
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "live", Fingerprint: "f", Owner: "boot-b", CreatedAt: epoch, ExpiresAt: epoch.Add(48 * time.Hour)})
+	n, err := s.PruneIdempotencyKeys(ctx, epoch.Add(25*time.Hour), "boot-b")
+	if err != nil || n != 2 {
+		t.Fatalf("prune = %d, %v (want k1 and dead)", n, err)
+	}
+	for key, want := range map[string]bool{"k1": false, "dead": false, "live": true} {
+		_, err := s.GetIdempotencyKey(ctx, key)
+		if (err == nil) != want {
+			t.Fatalf("after prune %s present=%v", key, err == nil)
+		}
+	}
+	// An expired completed key that was not pruned yet is treated as new.
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "exp", Fingerprint: "f", Owner: "boot-b", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	s.CompleteIdempotencyKey(ctx, store.Completion{Key: "exp", Status: 200, Body: func() ([]byte, error) { return nil, nil }})
+	got, reserved, err = s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "exp", Fingerprint: "g", Owner: "boot-b", CreatedAt: epoch.Add(2 * time.Hour), ExpiresAt: epoch.Add(3 * time.Hour)})
+	if err != nil || !reserved || got.Fingerprint != "g" {
+		t.Fatalf("expired key reuse = %+v %v %v", got, reserved, err)
+	}
+}
+
+func testIdempotencyAtomicWithChange(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "c", Fingerprint: "f", Owner: "o", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	sb, op := newSandbox(sandbox.Starting)
+	// A failing render aborts the whole change.
+	err := s.CreateSandbox(ctx, sb, op, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return nil, errors.New("render failed") }})
+	if err == nil {
+		t.Fatal("create succeeded with a failing render")
+	}
+	if _, err := s.GetSandbox(ctx, sb.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("sandbox stored despite failed completion: %v", err)
+	}
+	err = s.CreateSandbox(ctx, sb, op, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return []byte("ok"), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := s.GetIdempotencyKey(ctx, "c")
+	if rec.State != store.IdemDone || string(rec.Body) != "ok" {
+		t.Fatalf("record = %+v", rec)
+	}
+	// A completion for a key that is not in flight aborts the change too.
+	sb2, op2 := newSandbox(sandbox.Starting)
+	err = s.CreateSandbox(ctx, sb2, op2, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return []byte("again"), nil }})
+	wantKind(t, err, errdefs.Conflict)
+	if _, err := s.GetSandbox(ctx, sb2.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("sandbox stored despite completed key: %v", err)
+	}
+}
+
+func testTokens(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	tok := &store.Token{ID: ids.New(ids.Token), Name: "admin", Hash: "h1", CreatedAt: epoch}
+	if err := s.CreateToken(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+	wantKind(t, s.CreateToken(ctx, &store.Token{ID: ids.New(ids.Token), Name: "dup", Hash: "h1", CreatedAt: epoch}), errdefs.Conflict)
+	got, err := s.TokenByHash(ctx, "h1")
+	if err != nil || got.ID != tok.ID || got.Name != "admin" || got.RevokedAt != nil {
+		t.Fatalf("by hash = %+v %v", got, err)
+	}
+	_, err = s.TokenByHash(ctx, "nope")
+	wantKind(t, err, errdefs.NotFound)
+	if err := s.RevokeToken(ctx, tok.ID, epoch.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RevokeToken(ctx, tok.ID, epoch.Add(time.Hour)); err != nil { // idempotent; keeps the first time
+		t.Fatal(err)
+	}
+	got, _ = s.TokenByHash(ctx, "h1")
+	if got.RevokedAt == nil || !got.RevokedAt.Equal(epoch.Add(time.Minute)) {
+		t.Fatalf("revoked_at = %v", got.RevokedAt)
+	}
+	wantKind(t, s.RevokeToken(ctx, ids.New(ids.Token), epoch), errdefs.NotFound)
+	list, err := s.ListTokens(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list = %+v %v", list, err)
+	}
+}
+
+func testSurvivesReopen(t *testing.T, open Opener) {
+	s := open()
+	ctx := context.Background()
+	sb, op := mustCreate(t, s, sandbox.Starting)
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "k", Fingerprint: "f", Owner: "o", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	s.CompleteIdempotencyKey(ctx, store.Completion{Key: "k", Status: 201, Body: func() ([]byte, error) { return []byte("b"), nil }})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open()
+	defer s.Close()
+	if _, err := s.GetSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetOperation(ctx, op.ID); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.GetIdempotencyKey(ctx, "k")
+	if err != nil || rec.Status != 201 || string(rec.Body) != "b" {
+		t.Fatalf("idempotency record after reopen = %+v %v", rec, err)
+	}
+}
