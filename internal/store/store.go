@@ -26,11 +26,12 @@ type Store interface {
 	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	// ListSandboxes returns one page of sandboxes in insertion order.
 	ListSandboxes(ctx context.Context, q SandboxQuery) (Page[sandbox.Sandbox], error)
-	// BeginOperation loads the sandbox op targets, lets decide check it and
-	// apply the operation's start to both records (returning an error leaves
-	// everything unchanged), then stores the sandbox, inserts op and completes
-	// idem, all in one transaction. It returns the updated sandbox.
-	BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(sb *sandbox.Sandbox, op *sandbox.Operation) error, idem *Completion) (*sandbox.Sandbox, error)
+	// BeginOperation loads the sandbox op targets and lets decide check it and
+	// apply the operation's start to both records; returning an error leaves
+	// everything unchanged. It then stores the sandbox, inserts op and
+	// completes the idempotency key decide returned (nil for none), all in
+	// one transaction, and returns the updated sandbox.
+	BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(sb *sandbox.Sandbox, op *sandbox.Operation) (*Completion, error)) (*sandbox.Sandbox, error)
 	// UpdateOperationState moves a non-terminal operation to state (running).
 	UpdateOperationState(ctx context.Context, opID string, state sandbox.OpState, at time.Time) error
 	// FinishOperation records an operation's terminal outcome and the state
@@ -43,6 +44,9 @@ type Store interface {
 	ListOperations(ctx context.Context, q OperationQuery) (Page[sandbox.Operation], error)
 	// UnfinishedOperations returns every operation not yet terminal, oldest first.
 	UnfinishedOperations(ctx context.Context) ([]sandbox.Operation, error)
+	// UpdateSandbox applies mutate to a sandbox in one transaction; an error
+	// from mutate leaves it unchanged. It returns the updated sandbox.
+	UpdateSandbox(ctx context.Context, id string, mutate func(sb *sandbox.Sandbox) error) (*sandbox.Sandbox, error)
 	// TouchSandbox sets a sandbox's last_active_at.
 	TouchSandbox(ctx context.Context, id string, at time.Time) error
 

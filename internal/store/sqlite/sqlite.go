@@ -342,14 +342,15 @@ func (s *Store) UnfinishedOperations(ctx context.Context) ([]sandbox.Operation, 
 	return ops, rows.Err()
 }
 
-func (s *Store) BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(*sandbox.Sandbox, *sandbox.Operation) error, idem *store.Completion) (*sandbox.Sandbox, error) {
+func (s *Store) BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
 	var out *sandbox.Sandbox
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		sb, err := getSandbox(ctx, tx, op.SandboxID)
 		if err != nil {
 			return err
 		}
-		if err := decide(sb, op); err != nil {
+		idem, err := decide(sb, op)
+		if err != nil {
 			return err
 		}
 		if err := updateSandbox(ctx, tx, sb); err != nil {
@@ -403,6 +404,23 @@ func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
 		sb.State, sb.Error, sb.UpdatedAt = f.SandboxState, f.SandboxError, at
 		return updateSandbox(ctx, tx, sb)
 	})
+}
+
+func (s *Store) UpdateSandbox(ctx context.Context, id string, mutate func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
+	var out *sandbox.Sandbox
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		sb, err := getSandbox(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if err := mutate(sb); err != nil {
+			return err
+		}
+		sb.ID = id
+		out = sb
+		return updateSandbox(ctx, tx, sb)
+	})
+	return out, err
 }
 
 func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error {

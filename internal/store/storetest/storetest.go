@@ -120,6 +120,27 @@ func testSandboxRoundTrip(t *testing.T, open Opener) {
 		t.Fatalf("last_active_at = %v, want %v", got.LastActiveAt, later)
 	}
 	wantKind(t, s.TouchSandbox(ctx, ids.New(ids.Sandbox), later), errdefs.NotFound)
+
+	refuse := errdefs.New(errdefs.Conflict, "no")
+	_, err = s.UpdateSandbox(ctx, sb.ID, func(sb *sandbox.Sandbox) error { sb.State = sandbox.Failed; return refuse })
+	if !errors.Is(err, refuse) {
+		t.Fatalf("UpdateSandbox refused = %v", err)
+	}
+	if got, _ = s.GetSandbox(ctx, sb.ID); got.State != sandbox.Starting {
+		t.Fatalf("refused update applied: %s", got.State)
+	}
+	up, err := s.UpdateSandbox(ctx, sb.ID, func(sb *sandbox.Sandbox) error { sb.State = sandbox.Failed; return nil })
+	if err != nil || up.State != sandbox.Failed {
+		t.Fatalf("UpdateSandbox = %+v, %v", up, err)
+	}
+	if got, _ = s.GetSandbox(ctx, sb.ID); got.State != sandbox.Failed {
+		t.Fatalf("update not stored: %s", got.State)
+	}
+	if list := listAll(t, s, store.SandboxQuery{State: sandbox.Failed}); len(list) != 1 {
+		t.Fatalf("state index not updated: %v", list)
+	}
+	_, err = s.UpdateSandbox(ctx, ids.New(ids.Sandbox), func(*sandbox.Sandbox) error { return nil })
+	wantKind(t, err, errdefs.NotFound)
 }
 
 func testDuplicateIDs(t *testing.T, open Opener) {
@@ -297,10 +318,10 @@ func testBeginOperationAtomic(t *testing.T, open Opener) {
 	sb.ActiveOperation = ""
 	pause := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpPause, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
 	refuse := errdefs.New(errdefs.FailedPrecondition, "no")
-	_, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) error {
+	_, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) (*store.Completion, error) {
 		sb.State = sandbox.Pausing // must not stick
-		return refuse
-	}, nil)
+		return nil, refuse
+	})
 	if !errors.Is(err, refuse) {
 		t.Fatalf("err = %v", err)
 	}
@@ -311,11 +332,13 @@ func testBeginOperationAtomic(t *testing.T, open Opener) {
 	if _, err := s.GetOperation(ctx, pause.ID); !errors.Is(err, errdefs.NotFound) {
 		t.Fatalf("refused operation was stored: %v", err)
 	}
-	out, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) error {
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "p", Fingerprint: "f", Owner: "o", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	out, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) (*store.Completion, error) {
 		op.From = sb.State
 		sb.State, sb.ActiveOperation = sandbox.Pausing, op.ID
-		return nil
-	}, nil)
+		state := string(sb.State) // rendered after the change is applied
+		return &store.Completion{Key: "p", Status: 202, Body: func() ([]byte, error) { return []byte(state), nil }}, nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,8 +349,11 @@ func testBeginOperationAtomic(t *testing.T, open Opener) {
 	if gop.From != sandbox.Running {
 		t.Fatalf("operation from = %q", gop.From)
 	}
+	if rec, _ := s.GetIdempotencyKey(ctx, "p"); rec == nil || rec.State != store.IdemDone || string(rec.Body) != "pausing" {
+		t.Fatalf("idempotency record = %+v", rec)
+	}
 	missing := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpPause, SandboxID: ids.New(ids.Sandbox)}
-	_, err = s.BeginOperation(ctx, missing, func(*sandbox.Sandbox, *sandbox.Operation) error { return nil }, nil)
+	_, err = s.BeginOperation(ctx, missing, func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error) { return nil, nil })
 	wantKind(t, err, errdefs.NotFound)
 }
 

@@ -1,0 +1,315 @@
+// Package lifecycle is the engine that changes sandboxes: it validates each
+// requested transition against the state machine, records the intent and the
+// operation before acting, runs the operation asynchronously on the sandbox's
+// runtime under the engine's own lifetime (never a request's), records the
+// outcome, and after a restart resumes or fails every operation left in flight.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Templates resolves a template reference to the digest a sandbox records.
+type Templates interface {
+	// Resolve returns the reference and its digest; errdefs.NotFound when
+	// the template does not exist.
+	Resolve(ctx context.Context, ref string) (sandbox.TemplateRef, error)
+}
+
+// Observer receives the outcome of every operation (for metrics).
+type Observer interface {
+	OperationFinished(kind sandbox.OpKind, state sandbox.OpState, d time.Duration)
+}
+
+// Config wires an Engine.
+type Config struct {
+	Store    store.Store
+	Runtimes []runtime.Runtime
+	// DefaultRuntime names the runtime used when a create names none; empty
+	// means the first of Runtimes.
+	DefaultRuntime string
+	Templates      Templates
+	// SnapshotRoot holds one directory per sandbox for suspend snapshots.
+	SnapshotRoot string
+	Logger       *slog.Logger
+	Observer     Observer
+	Limits       Limits
+	// OperationTimeout bounds one operation (default 10 minutes).
+	OperationTimeout time.Duration
+	Now              func() time.Time
+}
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	if c.Store == nil {
+		return errors.New("lifecycle: no store")
+	}
+	if c.SnapshotRoot == "" {
+		return errors.New("lifecycle: no snapshot root")
+	}
+	if c.DefaultRuntime != "" {
+		found := false
+		for _, r := range c.Runtimes {
+			found = found || r.Name() == c.DefaultRuntime
+		}
+		if !found {
+			return fmt.Errorf("lifecycle: default runtime %q is not available", c.DefaultRuntime)
+		}
+	}
+	return nil
+}
+
+// Engine runs lifecycle operations. Create it with New, then Start it.
+type Engine struct {
+	cfg      Config
+	store    store.Store
+	runtimes map[string]runtime.Runtime
+	log      *slog.Logger
+	now      func() time.Time
+
+	// life is the engine's own lifetime: operations run under it, never
+	// under a request's context. Close cancels it.
+	life   context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex      // guards running and started
+	running map[string]bool // operation ids being executed by this process
+	started bool
+}
+
+// New returns an engine; it does nothing until Start.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = func() time.Time { return time.Now().UTC() }
+	}
+	if cfg.OperationTimeout == 0 {
+		cfg.OperationTimeout = 10 * time.Minute
+	}
+	if cfg.Limits == (Limits{}) {
+		cfg.Limits = DefaultLimits
+	}
+	if cfg.DefaultRuntime == "" && len(cfg.Runtimes) > 0 {
+		cfg.DefaultRuntime = cfg.Runtimes[0].Name()
+	}
+	e := &Engine{
+		cfg: cfg, store: cfg.Store, log: cfg.Logger, now: cfg.Now,
+		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{},
+	}
+	for _, r := range cfg.Runtimes {
+		e.runtimes[r.Name()] = r
+	}
+	e.life, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// Ready returns nil when the engine can serve sandboxes, else the reason.
+func (e *Engine) Ready() error {
+	e.mu.Lock()
+	started := e.started
+	e.mu.Unlock()
+	switch {
+	case !started:
+		return errors.New("lifecycle engine not started")
+	case len(e.runtimes) == 0:
+		return errors.New("no sandbox runtime is available on this host")
+	case e.cfg.Templates == nil:
+		return errors.New("no template store is configured")
+	}
+	return nil
+}
+
+// Runtimes lists the available runtimes and the default.
+func (e *Engine) Runtimes() (names []string, def string) {
+	for _, r := range e.cfg.Runtimes {
+		names = append(names, r.Name())
+	}
+	return names, e.cfg.DefaultRuntime
+}
+
+// Close stops accepting work, cancels operations in flight and waits for
+// them. Interrupted operations stay recorded as running and are resumed by
+// the next Start.
+func (e *Engine) Close() {
+	e.cancel()
+	e.wg.Wait()
+}
+
+// Drain waits up to d for operations in flight to finish on their own.
+func (e *Engine) Drain(d time.Duration) {
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
+
+// Render makes the idempotent response for a change, given the records as
+// they will be committed. Nil means the request carries no idempotency key.
+type Render func(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Completion
+
+func (r Render) completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Completion {
+	if r == nil {
+		return nil
+	}
+	return r(sb, op)
+}
+
+// Create records a new sandbox and its create operation and starts it.
+func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
+	if err := req.Normalize(e.cfg.Limits); err != nil {
+		return nil, nil, err
+	}
+	if err := e.Ready(); err != nil {
+		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "the server cannot create sandboxes now: %v", err)
+	}
+	rtName := req.Runtime
+	if rtName == "" {
+		rtName = e.cfg.DefaultRuntime
+	}
+	if _, ok := e.runtimes[rtName]; !ok {
+		names, _ := e.Runtimes()
+		return nil, nil, errdefs.New(errdefs.InvalidArgument, "runtime: %q is not available on this server (available: %v)", rtName, names).
+			WithDetails(map[string]any{"field": "runtime"})
+	}
+	tpl, err := e.cfg.Templates.Resolve(ctx, req.Template)
+	if err != nil {
+		return nil, nil, fmt.Errorf("resolve template %s: %w", req.Template, err)
+	}
+	now := e.now()
+	sb := &sandbox.Sandbox{
+		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rtName,
+		Resources: *req.Resources, Env: req.Env, Metadata: req.Metadata, AutoLifecycle: *req.AutoLifecycle,
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
+	}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
+	sb.ActiveOperation = op.ID
+	if err := e.store.CreateSandbox(ctx, sb, op, render.completion(sb, op)); err != nil {
+		return nil, nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	e.log.Info("sandbox create accepted", "sandbox_id", sb.ID, "operation_id", op.ID, "runtime", rtName, "template", tpl.Ref)
+	e.submit(*op)
+	return sb, op, nil
+}
+
+// Pause freezes a running sandbox.
+func (e *Engine) Pause(ctx context.Context, id string, render Render) (*sandbox.Operation, error) {
+	return e.begin(ctx, sandbox.OpPause, id, render)
+}
+
+// Suspend saves a running or paused sandbox to disk and releases it.
+func (e *Engine) Suspend(ctx context.Context, id string, render Render) (*sandbox.Operation, error) {
+	return e.begin(ctx, sandbox.OpSuspend, id, render)
+}
+
+// Wake resumes a paused or restores a suspended sandbox; on a running one
+// the operation succeeds at once.
+func (e *Engine) Wake(ctx context.Context, id string, render Render) (*sandbox.Operation, error) {
+	return e.begin(ctx, sandbox.OpWake, id, render)
+}
+
+// Delete removes a sandbox; an already deleted one is NotFound.
+func (e *Engine) Delete(ctx context.Context, id string, render Render) (*sandbox.Operation, error) {
+	return e.begin(ctx, sandbox.OpDelete, id, render)
+}
+
+func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, render Render) (*sandbox.Operation, error) {
+	now := e.now()
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: kind, SandboxID: id, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
+	var immediate bool
+	decide := func(sb *sandbox.Sandbox, op *sandbox.Operation) error {
+		if sb.State == sandbox.Deleted {
+			if kind == sandbox.OpDelete {
+				return errdefs.New(errdefs.NotFound, "sandbox %s is already deleted", id)
+			}
+			return errdefs.New(errdefs.FailedPrecondition, "cannot %s a sandbox that is deleted", kind).
+				WithDetails(map[string]any{"state": string(sb.State)})
+		}
+		if sb.ActiveOperation != "" {
+			return errdefs.New(errdefs.Conflict, "sandbox %s has operation %s in flight", id, sb.ActiveOperation).
+				WithDetails(map[string]any{"operation_id": sb.ActiveOperation, "state": string(sb.State)})
+		}
+		tr, err := sandbox.Plan(kind, sb.State)
+		if err != nil {
+			return errdefs.New(errdefs.FailedPrecondition, "%v", err).WithDetails(map[string]any{"state": string(sb.State)})
+		}
+		if _, ok := e.runtimes[sb.Runtime]; !ok && !tr.Immediate {
+			return errdefs.New(errdefs.Unavailable, "runtime %q of sandbox %s is not available on this server", sb.Runtime, id)
+		}
+		op.From = sb.State
+		if tr.Immediate {
+			immediate = true
+			op.State, op.CompletedAt = sandbox.OpSucceeded, &now
+			return nil
+		}
+		sb.State, sb.ActiveOperation, sb.UpdatedAt = tr.Through, op.ID, now
+		return nil
+	}
+	_, err := e.store.BeginOperation(ctx, op, func(sb *sandbox.Sandbox, o *sandbox.Operation) (*store.Completion, error) {
+		if err := decide(sb, o); err != nil {
+			return nil, err
+		}
+		return render.completion(sb, o), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if immediate {
+		e.observe(*op, 0)
+		return op, nil
+	}
+	e.log.Info("operation accepted", "sandbox_id", id, "operation_id", op.ID, "kind", kind)
+	e.submit(*op)
+	return op, nil
+}
+
+// Get returns a sandbox.
+func (e *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.store.GetSandbox(ctx, id)
+}
+
+// List returns a page of sandboxes.
+func (e *Engine) List(ctx context.Context, q store.SandboxQuery) (store.Page[sandbox.Sandbox], error) {
+	return e.store.ListSandboxes(ctx, q)
+}
+
+// Operation returns an operation.
+func (e *Engine) Operation(ctx context.Context, id string) (*sandbox.Operation, error) {
+	return e.store.GetOperation(ctx, id)
+}
+
+// Operations returns a page of operations.
+func (e *Engine) Operations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error) {
+	return e.store.ListOperations(ctx, q)
+}
+
+func (e *Engine) snapshotDir(id string) string { return filepath.Join(e.cfg.SnapshotRoot, id) }
+
+func (e *Engine) spec(sb *sandbox.Sandbox) runtime.Spec {
+	return runtime.Spec{SandboxID: sb.ID, Template: sb.Template, Resources: sb.Resources, Env: sb.Env, SnapshotDir: e.snapshotDir(sb.ID)}
+}
+
+func (e *Engine) observe(op sandbox.Operation, d time.Duration) {
+	if e.cfg.Observer != nil {
+		e.cfg.Observer.OperationFinished(op.Kind, op.State, d)
+	}
+}

@@ -1,0 +1,372 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/store/sqlite"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"))
+}
+
+type world struct {
+	dir   string
+	store store.Store
+	rt    *fakeruntime.Runtime
+	eng   *lifecycle.Engine
+}
+
+// newWorld builds an engine over a real SQLite store and the FAKE runtime.
+func newWorld(t *testing.T, dir string, fake fakeruntime.Config) *world {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake.Dir = filepath.Join(dir, "fake")
+	rt, err := fakeruntime.New(fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := lifecycle.New(lifecycle.Config{Store: st, Runtimes: []runtime.Runtime{rt}, Templates: fakeruntime.Templates{}, SnapshotRoot: filepath.Join(dir, "snapshots"), OperationTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w := &world{dir: dir, store: st, rt: rt, eng: eng}
+	t.Cleanup(w.close)
+	return w
+}
+
+func (w *world) close() {
+	w.eng.Close()
+	w.store.Close()
+}
+
+func wait(t *testing.T, w *world, opID string) *sandbox.Operation {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		op, err := w.eng.Operation(context.Background(), opID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op.State.Terminal() {
+			return op
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("operation %s did not finish", opID)
+	return nil
+}
+
+func state(t *testing.T, w *world, id string) sandbox.State {
+	t.Helper()
+	sb, err := w.eng.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb.State
+}
+
+func create(t *testing.T, w *world) *sandbox.Sandbox {
+	t.Helper()
+	sb, op, err := w.eng.Create(context.Background(), lifecycle.CreateRequest{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != sandbox.Starting || op.Kind != sandbox.OpCreate {
+		t.Fatalf("create returned %s / %s", sb.State, op.Kind)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("create op = %+v", got)
+	}
+	return sb
+}
+
+func TestLifecycleWithFakeRuntime(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	ctx := context.Background()
+	sb := create(t, w)
+	if state(t, w, sb.ID) != sandbox.Running {
+		t.Fatal("not running after create")
+	}
+	if sb.Template.Digest == "" || sb.Runtime != fakeruntime.Name || sb.Resources != lifecycle.DefaultResources {
+		t.Fatalf("defaults not applied: %+v", sb)
+	}
+	steps := []struct {
+		do   func(context.Context, string, lifecycle.Render) (*sandbox.Operation, error)
+		want sandbox.State
+		rt   runtime.Status
+	}{
+		{w.eng.Pause, sandbox.Paused, runtime.StatusPaused},
+		{w.eng.Wake, sandbox.Running, runtime.StatusRunning},
+		{w.eng.Suspend, sandbox.Suspended, runtime.StatusSuspended},
+		{w.eng.Wake, sandbox.Running, runtime.StatusRunning},
+		{w.eng.Pause, sandbox.Paused, runtime.StatusPaused},
+		{w.eng.Suspend, sandbox.Suspended, runtime.StatusSuspended},
+		{w.eng.Wake, sandbox.Running, runtime.StatusRunning},
+		{w.eng.Delete, sandbox.Deleted, runtime.StatusAbsent},
+	}
+	for i, s := range steps {
+		op, err := s.do(ctx, sb.ID, nil)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded || got.CompletedAt == nil {
+			t.Fatalf("step %d: op = %+v", i, got)
+		}
+		if st := state(t, w, sb.ID); st != s.want {
+			t.Fatalf("step %d: state %s, want %s", i, st, s.want)
+		}
+		if st, _ := w.rt.Recover(ctx, runtime.Spec{SandboxID: sb.ID}); st != s.rt {
+			t.Fatalf("step %d: runtime status %s, want %s", i, st, s.rt)
+		}
+	}
+	// Delete again: not found.
+	if _, err := w.eng.Delete(ctx, sb.ID, nil); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("second delete = %v", err)
+	}
+	ops, _ := w.eng.Operations(ctx, store.OperationQuery{SandboxID: sb.ID})
+	if len(ops.Items) != 1+len(steps) {
+		t.Fatalf("%d operations recorded, want %d", len(ops.Items), 1+len(steps))
+	}
+}
+
+func TestWakeOfRunningSucceedsAtOnce(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	sb := create(t, w)
+	op, err := w.eng.Wake(context.Background(), sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op.State != sandbox.OpSucceeded || op.CompletedAt == nil {
+		t.Fatalf("wake of running = %+v", op)
+	}
+	got, _ := w.eng.Operation(context.Background(), op.ID)
+	if got.State != sandbox.OpSucceeded {
+		t.Fatalf("stored wake = %+v", got)
+	}
+}
+
+func TestInvalidTransitionsChangeNothing(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	ctx := context.Background()
+	sb := create(t, w)
+	op, _ := w.eng.Pause(ctx, sb.ID, nil)
+	wait(t, w, op.ID)
+	before, _ := w.eng.Operations(ctx, store.OperationQuery{SandboxID: sb.ID})
+	if _, err := w.eng.Pause(ctx, sb.ID, nil); !errors.Is(err, errdefs.FailedPrecondition) {
+		t.Fatalf("pause of paused = %v", err)
+	}
+	after, _ := w.eng.Operations(ctx, store.OperationQuery{SandboxID: sb.ID})
+	if len(after.Items) != len(before.Items) || state(t, w, sb.ID) != sandbox.Paused {
+		t.Fatal("refused transition changed something")
+	}
+	if _, err := w.eng.Pause(ctx, ids.New(ids.Sandbox), nil); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("pause of unknown = %v", err)
+	}
+}
+
+func TestOneOperationInFlight(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{Delay: 200 * time.Millisecond})
+	ctx := context.Background()
+	sb := create(t, w)
+	op, err := w.eng.Suspend(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []func(context.Context, string, lifecycle.Render) (*sandbox.Operation, error){w.eng.Pause, w.eng.Wake, w.eng.Delete, w.eng.Suspend} {
+		if _, err := f(ctx, sb.ID, nil); !errors.Is(err, errdefs.Conflict) {
+			t.Fatalf("second operation while one in flight = %v", err)
+		}
+	}
+	if state(t, w, sb.ID) != sandbox.Suspending {
+		t.Fatalf("state while suspending = %s", state(t, w, sb.ID))
+	}
+	wait(t, w, op.ID)
+	if state(t, w, sb.ID) != sandbox.Suspended {
+		t.Fatal("not suspended")
+	}
+}
+
+func TestFailedStepLeavesObservedState(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{Fail: fakeruntime.ParseFail("pause")})
+	sb := create(t, w)
+	op, err := w.eng.Pause(context.Background(), sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := wait(t, w, op.ID)
+	if got.State != sandbox.OpFailed || got.Error == nil || got.Error.Code != "internal" {
+		t.Fatalf("failed pause op = %+v", got)
+	}
+	if state(t, w, sb.ID) != sandbox.Running {
+		t.Fatalf("sandbox after failed pause = %s, want running", state(t, w, sb.ID))
+	}
+}
+
+func TestFailedCreateCleansUp(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{Fail: fakeruntime.ParseFail("create")})
+	sb, op, err := w.eng.Create(context.Background(), lifecycle.CreateRequest{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpFailed {
+		t.Fatalf("create = %+v", got)
+	}
+	got, _ := w.eng.Get(context.Background(), sb.ID)
+	if got.State != sandbox.Failed || got.Error == nil {
+		t.Fatalf("sandbox = %+v", got)
+	}
+	if st, _ := w.rt.Recover(context.Background(), runtime.Spec{SandboxID: sb.ID}); st != runtime.StatusAbsent {
+		t.Fatalf("failed create left %s on the host", st)
+	}
+	// A failed sandbox can be deleted.
+	del, err := w.eng.Delete(context.Background(), sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := wait(t, w, del.ID); d.State != sandbox.OpSucceeded {
+		t.Fatalf("delete of failed = %+v", d)
+	}
+}
+
+func TestTimeoutFailsOperation(t *testing.T) {
+	dir := t.TempDir()
+	st, _ := sqlite.Open(context.Background(), filepath.Join(dir, "db"))
+	defer st.Close()
+	rt, _ := fakeruntime.New(fakeruntime.Config{Dir: filepath.Join(dir, "fake"), Delay: time.Second})
+	eng, _ := lifecycle.New(lifecycle.Config{Store: st, Runtimes: []runtime.Runtime{rt}, Templates: fakeruntime.Templates{}, SnapshotRoot: dir, OperationTimeout: 50 * time.Millisecond})
+	defer eng.Close()
+	eng.Start(context.Background())
+	_, op, err := eng.Create(context.Background(), lifecycle.CreateRequest{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{eng: eng}
+	got := wait(t, w, op.ID)
+	if got.State != sandbox.OpFailed || got.Error.Code != "unavailable" {
+		t.Fatalf("timed-out create = %+v", got.Error)
+	}
+}
+
+// A server stopping in the middle of an operation leaves it recorded as
+// running; the next engine over the same store and host resumes it to a
+// terminal state without doing anything twice.
+func TestRestartResumesInterruptedOperations(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorld(t, dir, fakeruntime.Config{Delay: time.Hour})
+	ctx := context.Background()
+	sb, op, err := w.eng.Create(ctx, lifecycle.CreateRequest{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, _ := w.eng.Operation(ctx, op.ID)
+		if got.State == sandbox.OpRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("operation never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w.close()
+	if got, _ := w.store.(interface {
+		GetOperation(context.Context, string) (*sandbox.Operation, error)
+	}).GetOperation(ctx, op.ID); got != nil && got.State.Terminal() {
+		t.Fatal("shutdown finished the operation instead of leaving it for recovery")
+	}
+	w2 := newWorld(t, dir, fakeruntime.Config{})
+	if got := wait(t, w2, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("resumed op = %+v", got)
+	}
+	if state(t, w2, sb.ID) != sandbox.Running {
+		t.Fatal("sandbox not running after resumed create")
+	}
+	page, _ := w2.eng.List(ctx, store.SandboxQuery{})
+	if len(page.Items) != 1 {
+		t.Fatalf("%d sandboxes after restart, want 1", len(page.Items))
+	}
+}
+
+// A sandbox the host lost while the server was down becomes failed, with a
+// reason, instead of claiming to run.
+func TestRestartMarksLostSandboxFailed(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorld(t, dir, fakeruntime.Config{})
+	sb := create(t, w)
+	w.rt.Delete(context.Background(), runtime.Spec{SandboxID: sb.ID}) // the host loses it
+	w.close()
+	w2 := newWorld(t, dir, fakeruntime.Config{})
+	got, _ := w2.eng.Get(context.Background(), sb.ID)
+	if got.State != sandbox.Failed || got.Error == nil {
+		t.Fatalf("lost sandbox = %s %+v", got.State, got.Error)
+	}
+}
+
+func TestCreateValidation(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	ctx := context.Background()
+	bad := []lifecycle.CreateRequest{
+		{Template: "Bad Name"},
+		{Runtime: "nope"},
+		{Runtime: "BAD!"},
+		{Resources: &sandbox.Resources{VCPUs: 99}},
+		{Resources: &sandbox.Resources{MemoryMiB: 1}},
+		{Resources: &sandbox.Resources{DiskMiB: -5}},
+		{Env: map[string]string{"1X": "y"}},
+		{Env: map[string]string{"X": "a\x00b"}},
+		{Metadata: map[string]string{"": "y"}},
+		{AutoLifecycle: &sandbox.AutoLifecycle{IdleTimeout: "forever"}},
+		{AutoLifecycle: &sandbox.AutoLifecycle{IdleAction: "explode"}},
+	}
+	for _, r := range bad {
+		if _, _, err := w.eng.Create(ctx, r, nil); !errors.Is(err, errdefs.InvalidArgument) {
+			t.Errorf("Create(%+v) = %v, want invalid_argument", r, err)
+		}
+	}
+	if _, _, err := w.eng.Create(ctx, lifecycle.CreateRequest{Template: "missing:latest"}, nil); !errors.Is(err, errdefs.NotFound) {
+		t.Errorf("unknown template = %v", err)
+	}
+	page, _ := w.eng.List(ctx, store.SandboxQuery{})
+	if len(page.Items) != 0 {
+		t.Fatalf("rejected creates stored %d sandboxes", len(page.Items))
+	}
+}
+
+func TestNotReadyWithoutRuntime(t *testing.T) {
+	dir := t.TempDir()
+	st, _ := sqlite.Open(context.Background(), filepath.Join(dir, "db"))
+	defer st.Close()
+	eng, err := lifecycle.New(lifecycle.Config{Store: st, SnapshotRoot: dir, Templates: fakeruntime.Templates{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	eng.Start(context.Background())
+	if eng.Ready() == nil {
+		t.Fatal("ready with no runtime")
+	}
+	if _, _, err := eng.Create(context.Background(), lifecycle.CreateRequest{}, nil); !errors.Is(err, errdefs.Unavailable) {
+		t.Fatalf("create without runtime = %v", err)
+	}
+}

@@ -1,0 +1,89 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Start reconciles recorded state with the runtimes and resumes every
+// operation a previous process left in flight. Sandboxes at rest are
+// re-adopted by their runtime; one the runtime no longer has becomes failed
+// with a reason. Start returns once every sandbox at rest was checked; the
+// resumed operations run in the background.
+func (e *Engine) Start(ctx context.Context) error {
+	for _, st := range []sandbox.State{sandbox.Running, sandbox.Paused, sandbox.Suspended} {
+		q := store.SandboxQuery{State: st, Limit: store.MaxLimit}
+		for {
+			page, err := e.store.ListSandboxes(ctx, q)
+			if err != nil {
+				return fmt.Errorf("list %s sandboxes: %w", st, err)
+			}
+			for i := range page.Items {
+				e.readopt(ctx, &page.Items[i])
+			}
+			if page.Next == "" {
+				break
+			}
+			q.Cursor = page.Next
+		}
+	}
+	ops, err := e.store.UnfinishedOperations(ctx)
+	if err != nil {
+		return fmt.Errorf("list unfinished operations: %w", err)
+	}
+	e.mu.Lock()
+	e.started = true
+	e.mu.Unlock()
+	for _, op := range ops {
+		e.log.Info("resuming operation left in flight", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind, "state", op.State)
+		e.submit(op)
+	}
+	return nil
+}
+
+// readopt asks the sandbox's runtime to re-adopt it and repairs the record
+// when the host disagrees.
+func (e *Engine) readopt(ctx context.Context, sb *sandbox.Sandbox) {
+	if sb.ActiveOperation != "" {
+		return // its operation is resumed separately
+	}
+	log := e.log.With("sandbox_id", sb.ID)
+	rt, ok := e.runtimes[sb.Runtime]
+	if !ok {
+		log.Warn("sandbox's runtime is not available on this server; leaving it as recorded", "runtime", sb.Runtime)
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	status, err := rt.Recover(rctx, e.spec(sb))
+	if err != nil {
+		log.Error("re-adopt sandbox", "err", err)
+		return
+	}
+	want := runtime.StatusOf(sb.State)
+	if status == want {
+		return
+	}
+	to, info := runtime.StateOf(status), (*sandbox.ErrorInfo)(nil)
+	if status == runtime.StatusAbsent {
+		to = sandbox.Failed
+		info = &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: fmt.Sprintf("sandbox was %s but the runtime found nothing on the host after a restart", sb.State)}
+	}
+	log.Warn("sandbox state repaired after restart", "recorded", sb.State, "observed", status, "now", to)
+	_, err = e.store.UpdateSandbox(ctx, sb.ID, func(cur *sandbox.Sandbox) error {
+		if cur.State != sb.State || cur.ActiveOperation != "" {
+			return errdefs.New(errdefs.Conflict, "sandbox changed while being reconciled")
+		}
+		cur.State, cur.Error, cur.UpdatedAt = to, info, e.now()
+		return nil
+	})
+	if err != nil {
+		log.Error("repair sandbox record", "err", err)
+	}
+}

@@ -1,0 +1,187 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// submit runs op in the background unless this process already runs it.
+func (e *Engine) submit(op sandbox.Operation) {
+	e.mu.Lock()
+	if e.running[op.ID] || e.life.Err() != nil {
+		e.mu.Unlock()
+		return
+	}
+	e.running[op.ID] = true
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		defer func() {
+			e.mu.Lock()
+			delete(e.running, op.ID)
+			e.mu.Unlock()
+		}()
+		e.execute(op)
+	}()
+}
+
+// execute drives one operation to a terminal state. When the engine is
+// closing, it leaves the operation as recorded so the next Start resumes it.
+func (e *Engine) execute(op sandbox.Operation) {
+	log := e.log.With("operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(e.life, e.cfg.OperationTimeout)
+	defer cancel()
+	// Bookkeeping writes must land even while the operation's own context
+	// is cancelled by a timeout; only engine shutdown stops them.
+	bk := context.WithoutCancel(e.life)
+
+	sb, err := e.store.GetSandbox(bk, op.SandboxID)
+	if err != nil {
+		log.Error("load sandbox for operation", "err", err)
+		return
+	}
+	rt, ok := e.runtimes[sb.Runtime]
+	if !ok {
+		e.finish(log, op, start, sandbox.OpFailed,
+			&sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("runtime %q is not available on this server", sb.Runtime)},
+			op.From, nil)
+		return
+	}
+	if op.State == sandbox.OpPending {
+		if err := e.store.UpdateOperationState(bk, op.ID, sandbox.OpRunning, e.now()); err != nil {
+			log.Error("mark operation running", "err", err)
+			return
+		}
+	}
+	spec := e.spec(sb)
+	err = e.act(ctx, rt, op, spec)
+	if e.life.Err() != nil {
+		log.Info("operation interrupted by shutdown; it resumes at next start")
+		return
+	}
+	if err == nil {
+		to := targetState(op)
+		if op.Kind == sandbox.OpDelete {
+			if rmErr := os.RemoveAll(spec.SnapshotDir); rmErr != nil {
+				log.Warn("remove snapshot directory", "err", rmErr)
+			}
+		}
+		e.finish(log, op, start, sandbox.OpSucceeded, nil, to, nil)
+		return
+	}
+	log.Error("operation failed", "err", err)
+	e.fail(ctx, log, rt, op, spec, start, err)
+}
+
+// act performs op's step on the runtime. Runtime steps are idempotent, so
+// re-running a step interrupted by a crash is safe.
+func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operation, spec runtime.Spec) error {
+	switch op.Kind {
+	case sandbox.OpCreate:
+		return rt.Create(ctx, spec)
+	case sandbox.OpPause:
+		return rt.Pause(ctx, spec)
+	case sandbox.OpSuspend:
+		if err := os.MkdirAll(spec.SnapshotDir, 0o700); err != nil {
+			return fmt.Errorf("make snapshot directory: %w", err)
+		}
+		return rt.Suspend(ctx, spec)
+	case sandbox.OpWake:
+		if op.From == sandbox.Suspended {
+			return rt.Restore(ctx, spec)
+		}
+		return rt.Resume(ctx, spec)
+	case sandbox.OpDelete:
+		return rt.Delete(ctx, spec)
+	}
+	return fmt.Errorf("unknown operation kind %q", op.Kind)
+}
+
+func targetState(op sandbox.Operation) sandbox.State {
+	switch op.Kind {
+	case sandbox.OpCreate, sandbox.OpWake:
+		return sandbox.Running
+	case sandbox.OpPause:
+		return sandbox.Paused
+	case sandbox.OpSuspend:
+		return sandbox.Suspended
+	case sandbox.OpDelete:
+		return sandbox.Deleted
+	}
+	return sandbox.Failed
+}
+
+// fail records a failed step. The sandbox lands in the state the runtime
+// actually observes: a failed pause of a running sandbox leaves it running;
+// a sandbox the runtime has lost is failed.
+func (e *Engine) fail(ctx context.Context, log interface {
+	Error(string, ...any)
+	Warn(string, ...any)
+}, rt runtime.Runtime, op sandbox.Operation, spec runtime.Spec, start time.Time, cause error) {
+	opErr := operationError(op, cause)
+	// Observe under a fresh bounded context: the operation's may have expired.
+	octx, cancel := context.WithTimeout(context.WithoutCancel(e.life), time.Minute)
+	defer cancel()
+	if op.Kind == sandbox.OpCreate {
+		// Leave nothing behind on the host for a sandbox that never started.
+		if err := rt.Delete(octx, spec); err != nil {
+			log.Error("clean up failed create", "err", err)
+		}
+		os.RemoveAll(spec.SnapshotDir)
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, opErr)
+		return
+	}
+	status, err := rt.Recover(octx, spec)
+	if err != nil {
+		log.Error("observe sandbox after failed operation", "err", err)
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, opErr)
+		return
+	}
+	switch {
+	case status == runtime.StatusAbsent && op.Kind == sandbox.OpDelete:
+		os.RemoveAll(spec.SnapshotDir)
+		e.finish(log, op, start, sandbox.OpSucceeded, nil, sandbox.Deleted, nil)
+	case status == runtime.StatusAbsent:
+		lost := &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: "the runtime lost the sandbox during " + string(op.Kind)}
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, lost)
+	default:
+		e.finish(log, op, start, sandbox.OpFailed, opErr, runtime.StateOf(status), nil)
+	}
+}
+
+// operationError is the client-visible error of a failed operation. Host
+// details stay in the server log.
+func operationError(op sandbox.Operation, cause error) *sandbox.ErrorInfo {
+	var kerr *errdefs.Error
+	switch {
+	case errors.As(cause, &kerr):
+		return &sandbox.ErrorInfo{Code: kerr.Kind.Code, Message: kerr.Message}
+	case errors.Is(cause, context.DeadlineExceeded):
+		return &sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("%s did not finish in time", op.Kind)}
+	}
+	return &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: fmt.Sprintf("%s failed in the runtime; the server log has the details for operation %s", op.Kind, op.ID)}
+}
+
+func (e *Engine) finish(log interface{ Error(string, ...any) }, op sandbox.Operation, start time.Time, state sandbox.OpState, opErr *sandbox.ErrorInfo, sbState sandbox.State, sbErr *sandbox.ErrorInfo) {
+	err := e.store.FinishOperation(context.WithoutCancel(e.life), store.Finish{
+		OperationID: op.ID, State: state, Error: opErr, SandboxState: sbState, SandboxError: sbErr, At: e.now(),
+	})
+	if err != nil {
+		log.Error("record operation outcome", "err", err)
+		return
+	}
+	op.State = state
+	e.observe(op, time.Since(start))
+	e.log.Info("operation finished", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind,
+		"state", state, "sandbox_state", sbState, "duration", time.Since(start))
+}

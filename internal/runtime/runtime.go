@@ -1,0 +1,120 @@
+// Package runtime defines the boundary between the lifecycle engine and the
+// things that actually run sandboxes (the vm and gvisor runtimes). The engine
+// owns records and state; a Runtime owns processes, memory and files on the
+// host. Every implementation must pass the suite in runtimetest.
+package runtime
+
+import (
+	"context"
+	"errors"
+
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// Spec is everything a runtime needs to know about one sandbox.
+type Spec struct {
+	SandboxID string
+	Template  sandbox.TemplateRef
+	Resources sandbox.Resources
+	Env       map[string]string
+	// SnapshotDir is where Suspend writes and Restore reads the sandbox's
+	// saved state. It is owned by the sandbox and removed by Delete.
+	SnapshotDir string
+}
+
+// Status is what a runtime observes of a sandbox on the host.
+type Status string
+
+// The observable statuses.
+const (
+	StatusRunning   Status = "running"
+	StatusPaused    Status = "paused"
+	StatusSuspended Status = "suspended" // only a snapshot on disk, nothing resident
+	StatusAbsent    Status = "absent"    // nothing on the host
+)
+
+// ErrNotFound reports that the runtime has no such sandbox.
+var ErrNotFound = errors.New("sandbox not found in runtime")
+
+// Capabilities describe what a runtime can do on this host and why.
+type Capabilities struct {
+	Pause   bool
+	Suspend bool
+	// Detail is a human sentence on how the runtime runs here (for example
+	// the chosen acceleration and the reason).
+	Detail string
+}
+
+// Stats is a point-in-time view of a sandbox's resource use.
+type Stats struct {
+	MemoryBytes uint64
+	CPUSeconds  float64
+}
+
+// Runtime runs sandboxes. Every method is safe for concurrent use on
+// different sandboxes; the engine never runs two lifecycle methods on one
+// sandbox at once. Every method is idempotent and safe to call again after
+// the server crashed in the middle of it: calling it once more finishes or
+// redoes the work. Methods never hold ctx beyond their return: a sandbox's
+// processes outlive the request that created them.
+type Runtime interface {
+	// Name is the runtime's API name ("vm", "gvisor").
+	Name() string
+	// Capabilities reports what this runtime can do on this host.
+	Capabilities() Capabilities
+	// Create boots a sandbox from spec and returns once it is running and
+	// its agent answers. Accepts: absent (or a half-made sandbox of the same
+	// id, which it finishes or redoes). Cost: a boot or snapshot restore.
+	Create(ctx context.Context, spec Spec) error
+	// Pause freezes a running sandbox, keeping it resident. Accepts running
+	// and paused (no-op). Cost: milliseconds.
+	Pause(ctx context.Context, spec Spec) error
+	// Resume unfreezes a paused sandbox. Accepts paused and running (no-op).
+	Resume(ctx context.Context, spec Spec) error
+	// Suspend saves memory, device state and filesystem to spec.SnapshotDir
+	// and releases every host resource. Accepts running, paused and
+	// suspended (no-op). Cost: proportional to dirty memory.
+	Suspend(ctx context.Context, spec Spec) error
+	// Restore brings a suspended sandbox back to running from
+	// spec.SnapshotDir. Accepts suspended and running (no-op).
+	Restore(ctx context.Context, spec Spec) error
+	// Delete removes every process, mount, cgroup and file of the sandbox.
+	// Accepts any status; absent is success.
+	Delete(ctx context.Context, spec Spec) error
+	// Recover re-adopts a sandbox after a server restart and reports what is
+	// on the host. It never changes the sandbox's status.
+	Recover(ctx context.Context, spec Spec) (Status, error)
+	// Stats reports resource use; ErrNotFound when the sandbox is absent.
+	Stats(ctx context.Context, spec Spec) (Stats, error)
+}
+
+// StatusOf maps a sandbox state at rest to the status a runtime should
+// observe for it ("" for states that are not at rest).
+func StatusOf(s sandbox.State) Status {
+	switch s {
+	case sandbox.Running:
+		return StatusRunning
+	case sandbox.Paused:
+		return StatusPaused
+	case sandbox.Suspended:
+		return StatusSuspended
+	case sandbox.Deleted:
+		return StatusAbsent
+	}
+	return ""
+}
+
+// StateOf maps an observed status back to the sandbox state at rest.
+func StateOf(s Status) sandbox.State {
+	switch s {
+	case StatusRunning:
+		return sandbox.Running
+	case StatusPaused:
+		return sandbox.Paused
+	case StatusSuspended:
+		return sandbox.Suspended
+	case StatusAbsent:
+		return sandbox.Deleted
+	}
+	return sandbox.Failed
+}
