@@ -1,0 +1,191 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Resources are a sandbox's limits.
+type Resources struct {
+	VCPUs     int `json:"vcpus,omitempty"`
+	MemoryMiB int `json:"memory_mib,omitempty"`
+	DiskMiB   int `json:"disk_mib,omitempty"`
+}
+
+// AutoLifecycle is a sandbox's idle policy.
+type AutoLifecycle struct {
+	IdleTimeout string `json:"idle_timeout,omitempty"`
+	IdleAction  string `json:"idle_action,omitempty"`
+}
+
+// ErrorInfo is a failure recorded on a sandbox or operation.
+type ErrorInfo struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Sandbox is a sandbox as the API shows it.
+type Sandbox struct {
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Template struct {
+		Ref    string `json:"ref"`
+		Digest string `json:"digest"`
+	} `json:"template"`
+	Runtime       string            `json:"runtime"`
+	Resources     Resources         `json:"resources"`
+	Env           map[string]string `json:"env"`
+	Metadata      map[string]string `json:"metadata"`
+	AutoLifecycle AutoLifecycle     `json:"auto_lifecycle"`
+	CreatedAt     time.Time         `json:"created_at"`
+	UpdatedAt     time.Time         `json:"updated_at"`
+	LastActiveAt  time.Time         `json:"last_active_at"`
+	Error         *ErrorInfo        `json:"error"`
+}
+
+// Operation is an asynchronous lifecycle change.
+type Operation struct {
+	ID          string     `json:"id"`
+	Kind        string     `json:"kind"`
+	SandboxID   string     `json:"sandbox_id"`
+	State       string     `json:"state"`
+	Error       *ErrorInfo `json:"error"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	CompletedAt *time.Time `json:"completed_at"`
+}
+
+// Done reports whether the operation reached a terminal state.
+func (o *Operation) Done() bool { return o.State == "succeeded" || o.State == "failed" }
+
+// CreateSandboxRequest asks for a sandbox; zero fields take server defaults.
+type CreateSandboxRequest struct {
+	Template      string            `json:"template,omitempty"`
+	Runtime       string            `json:"runtime,omitempty"`
+	Resources     *Resources        `json:"resources,omitempty"`
+	Env           map[string]string `json:"env,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	AutoLifecycle *AutoLifecycle    `json:"auto_lifecycle,omitempty"`
+}
+
+// CreateSandboxResponse is the answer to a create.
+type CreateSandboxResponse struct {
+	Sandbox   Sandbox   `json:"sandbox"`
+	Operation Operation `json:"operation"`
+}
+
+// List is one page of a list.
+type List[T any] struct {
+	Items      []T     `json:"items"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+// CreateSandbox creates a sandbox; key may be "" to generate one.
+func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest, key string) (*CreateSandboxResponse, *Response, error) {
+	var out CreateSandboxResponse
+	resp, err := c.Do(ctx, http.MethodPost, "/v1/sandboxes", nil, key, req, &out)
+	if err != nil {
+		return nil, resp, err
+	}
+	return &out, resp, nil
+}
+
+// GetSandbox inspects a sandbox.
+func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty sandbox id")
+	}
+	var out Sandbox
+	_, err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil, "", nil, &out)
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListSandboxes returns one page of sandboxes, optionally in one state.
+func (c *Client) ListSandboxes(ctx context.Context, state string, o ListOptions) (*List[Sandbox], error) {
+	q := o.values()
+	if state != "" {
+		q.Set("state", state)
+	}
+	var out List[Sandbox]
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/sandboxes", q, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Lifecycle sends DELETE or one of the :pause, :suspend, :wake methods.
+func (c *Client) Lifecycle(ctx context.Context, action, id, key string) (*Operation, *Response, error) {
+	if id == "" {
+		return nil, nil, fmt.Errorf("empty sandbox id")
+	}
+	method, path := http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)
+	switch action {
+	case "delete":
+		method = http.MethodDelete
+	case "pause", "suspend", "wake":
+		path += ":" + action
+	default:
+		return nil, nil, fmt.Errorf("unknown lifecycle action %q", action)
+	}
+	var out struct {
+		Operation Operation `json:"operation"`
+	}
+	resp, err := c.Do(ctx, method, path, nil, key, nil, &out)
+	if err != nil {
+		return nil, resp, err
+	}
+	return &out.Operation, resp, nil
+}
+
+// GetOperation polls an operation.
+func (c *Client) GetOperation(ctx context.Context, id string) (*Operation, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty operation id")
+	}
+	var out Operation
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id), nil, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListOperations returns one page of operations, optionally of one sandbox.
+func (c *Client) ListOperations(ctx context.Context, sandboxID string, o ListOptions) (*List[Operation], error) {
+	q := o.values()
+	if sandboxID != "" {
+		q.Set("sandbox_id", sandboxID)
+	}
+	var out List[Operation]
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/operations", q, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// WaitOperation polls an operation until it is terminal or ctx ends.
+func (c *Client) WaitOperation(ctx context.Context, id string) (*Operation, error) {
+	delay := 5 * time.Millisecond
+	for {
+		op, err := c.GetOperation(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if op.Done() {
+			return op, nil
+		}
+		select {
+		case <-ctx.Done():
+			return op, ctx.Err()
+		case <-time.After(delay):
+		}
+		if delay < 250*time.Millisecond {
+			delay *= 2
+		}
+	}
+}

@@ -1,0 +1,36 @@
+//go:build spacefake
+
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spacesandbox/space/internal/config"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
+	"github.com/spacesandbox/space/internal/server"
+)
+
+// testHost offers the FAKE runtime with --runtime fake. Only binaries built
+// with the spacefake tag (the fault-injection end-to-end tests) contain it.
+// SPACE_FAKE_DELAY slows every step; SPACE_FAKE_FAIL lists failing steps.
+func testHost(ctx context.Context, cfg *config.Serve, log *slog.Logger) (server.Host, bool, error) {
+	if cfg.Runtime != fakeruntime.Name {
+		return server.Host{}, false, nil
+	}
+	delay, _ := time.ParseDuration(os.Getenv("SPACE_FAKE_DELAY"))
+	rt, err := fakeruntime.New(fakeruntime.Config{
+		Dir:   filepath.Join(cfg.DataDir, server.RuntimeDir, "fake"),
+		Delay: delay,
+		Fail:  fakeruntime.ParseFail(os.Getenv("SPACE_FAKE_FAIL")),
+	})
+	if err != nil {
+		return server.Host{}, true, err
+	}
+	log.Warn("running the FAKE runtime: sandboxes run nothing (test build)", "delay", delay)
+	return server.Host{Runtimes: []runtime.Runtime{rt}, Templates: fakeruntime.Templates{}}, true, nil
+}

@@ -1,0 +1,197 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// IdempotencyTTL is how long a key's response is kept (api.md: ≥ 24 h).
+const IdempotencyTTL = 24 * time.Hour
+
+// HeaderIdempotencyKey and HeaderReplayed are the idempotency headers.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderReplayed       = "Idempotent-Replayed"
+)
+
+// response is what a mutating handler answers.
+type response struct {
+	status   int
+	body     []byte
+	location string
+}
+
+// idem is one idempotent request in progress. A handler that changes state
+// in a store transaction passes render() to the engine so the key is
+// completed in that same transaction; otherwise the key is completed after
+// the handler returns.
+type idem struct {
+	key string
+	// completed is set when the response was stored with the change.
+	completed bool
+	resp      response
+}
+
+// render returns a lifecycle.Render storing the response built by build
+// (from the records as committed) under this request's key.
+func (i *idem) render(status int, location func(*sandbox.Sandbox, *sandbox.Operation) string, build func(*sandbox.Sandbox, *sandbox.Operation) any) lifecycle.Render {
+	if i == nil || i.key == "" {
+		return nil
+	}
+	return func(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Completion {
+		loc := location(sb, op)
+		return &store.Completion{Key: i.key, Status: status, Location: loc, Body: func() ([]byte, error) {
+			b, err := marshal(build(sb, op))
+			if err == nil {
+				i.completed = true
+				i.resp = response{status: status, body: b, location: loc}
+			}
+			return b, err
+		}}
+	}
+}
+
+// idempotency coordinates keys in the store with waiters in this process.
+type idempotency struct {
+	store store.Store
+	owner string // this process's boot id
+	now   func() time.Time
+
+	mu      sync.Mutex // guards waiters
+	waiters map[string]chan struct{}
+}
+
+func newIdempotency(s store.Store, owner string) *idempotency {
+	return &idempotency{store: s, owner: owner, now: func() time.Time { return time.Now().UTC() }, waiters: map[string]chan struct{}{}}
+}
+
+func fingerprint(r *http.Request, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(r.Method + "\n" + r.URL.EscapedPath() + "\n" + r.URL.RawQuery + "\n"))
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func validKey(k string) bool {
+	if len(k) == 0 || len(k) > 255 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// do runs handler at most once per key. A request with no key just runs.
+// With a key: a finished earlier request with the same method, path and body
+// is replayed; one still in flight is waited for and then replayed; a
+// different request with the same key is refused with 422.
+func (m *idempotency) do(w http.ResponseWriter, r *http.Request, body []byte, handler func(*idem) (response, error)) (response, bool, error) {
+	key := r.Header.Get(HeaderIdempotencyKey)
+	if key == "" {
+		resp, err := handler(nil)
+		return resp, false, err
+	}
+	if !validKey(key) {
+		return response{}, false, errdefs.New(errdefs.InvalidArgument, "Idempotency-Key must be 1 to 255 visible ASCII characters")
+	}
+	fp := fingerprint(r, body)
+	for {
+		now := m.now()
+		rec, reserved, err := m.store.ReserveIdempotencyKey(r.Context(), store.IdempotencyRecord{
+			Key: key, Fingerprint: fp, Owner: m.owner, CreatedAt: now, ExpiresAt: now.Add(IdempotencyTTL),
+		})
+		if err != nil {
+			return response{}, false, err
+		}
+		if !reserved {
+			if rec.Fingerprint != fp {
+				return response{}, false, errdefs.New(errdefs.IdempotencyKeyReused, "Idempotency-Key was already used for a different request")
+			}
+			if rec.State == store.IdemDone {
+				return response{status: rec.Status, body: rec.Body, location: rec.Location}, true, nil
+			}
+			if err := m.wait(r.Context(), key); err != nil {
+				return response{}, false, err
+			}
+			continue // done, or released for a retry: look again
+		}
+		return m.run(r.Context(), key, handler)
+	}
+}
+
+func (m *idempotency) run(ctx context.Context, key string, handler func(*idem) (response, error)) (resp response, replayed bool, err error) {
+	m.mu.Lock()
+	done := make(chan struct{})
+	m.waiters[key] = done
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.waiters, key)
+		m.mu.Unlock()
+		close(done)
+	}()
+	// The key's fate must be recorded even when the client goes away.
+	bg := context.WithoutCancel(ctx)
+	i := &idem{key: key}
+	resp, err = handler(i)
+	if i.completed && err == nil {
+		return i.resp, false, nil
+	}
+	if err != nil {
+		status, body := errorResponse(err)
+		if status >= 500 {
+			// Nothing was changed, or we cannot tell: let a retry run again.
+			if rerr := m.store.ReleaseIdempotencyKey(bg, key); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+			return response{}, false, err
+		}
+		resp = response{status: status, body: body}
+	}
+	c := store.Completion{Key: key, Status: resp.status, Location: resp.location, Body: func() ([]byte, error) { return resp.body, nil }}
+	if cerr := m.store.CompleteIdempotencyKey(bg, c); cerr != nil {
+		return response{}, false, cerr
+	}
+	return resp, false, nil
+}
+
+// wait blocks until the in-flight request holding key finishes (in this
+// process, or — by polling — in another) or ctx ends.
+func (m *idempotency) wait(ctx context.Context, key string) error {
+	m.mu.Lock()
+	ch := m.waiters[key]
+	m.mu.Unlock()
+	t := time.NewTimer(25 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ch: // nil channel (holder in another process) never fires
+	case <-t.C:
+	case <-ctx.Done():
+		return errdefs.New(errdefs.Conflict, "a request with this Idempotency-Key is still in progress")
+	}
+	return nil
+}
+
+// write sends a response, marking replays.
+func writeResponse(w http.ResponseWriter, resp response, replayed bool) {
+	if resp.location != "" {
+		w.Header().Set("Location", resp.location)
+	}
+	if replayed {
+		w.Header().Set(HeaderReplayed, "true")
+	}
+	writeRaw(w, resp.status, resp.body)
+}

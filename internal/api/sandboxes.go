@@ -1,0 +1,224 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// createResponse is the body of 202 to POST /v1/sandboxes.
+type createResponse struct {
+	Sandbox   *sandbox.Sandbox   `json:"sandbox"`
+	Operation *sandbox.Operation `json:"operation"`
+}
+
+// operationResponse is the body of 202 to the lifecycle endpoints.
+type operationResponse struct {
+	Operation *sandbox.Operation `json:"operation"`
+}
+
+// listResponse is the body of every list endpoint.
+type listResponse[T any] struct {
+	Items      []T     `json:"items"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+func toList[T any](p store.Page[T]) listResponse[T] {
+	out := listResponse[T]{Items: p.Items}
+	if out.Items == nil {
+		out.Items = []T{}
+	}
+	if p.Next != "" {
+		out.NextCursor = &p.Next
+	}
+	return out
+}
+
+func operationLocation(_ *sandbox.Sandbox, op *sandbox.Operation) string {
+	return "/v1/operations/" + op.ID
+}
+
+// sandboxID checks a path's sandbox id: malformed is 400, never a lookup.
+func sandboxID(p params) (string, error) {
+	id := p["id"]
+	if !ids.Valid(ids.Sandbox, id) {
+		return "", errdefs.New(errdefs.InvalidArgument, "malformed sandbox id %q", truncate(id, 64)).WithDetails(map[string]any{"field": "id"})
+	}
+	return id, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// query checks a request's query parameters: only allowed names, each once.
+func query(r *http.Request, allowed ...string) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, errdefs.New(errdefs.InvalidArgument, "malformed query string")
+	}
+	for k, v := range q {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || k == a
+		}
+		if !ok {
+			return nil, errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", truncate(k, 64))
+		}
+		if len(v) > 1 {
+			return nil, errdefs.New(errdefs.InvalidArgument, "query parameter %q given more than once", k)
+		}
+	}
+	return q, nil
+}
+
+func pageParams(q url.Values) (limit int, cursor string, err error) {
+	if s := q.Get("limit"); s != "" {
+		limit, err = strconv.Atoi(s)
+		if err != nil || limit < 1 || limit > store.MaxLimit {
+			return 0, "", errdefs.New(errdefs.InvalidArgument, "limit must be an integer between 1 and %d", store.MaxLimit)
+		}
+	}
+	return limit, q.Get("cursor"), nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params) {
+	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		var req lifecycle.CreateRequest
+		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+			return response{}, err
+		}
+		build := func(sb *sandbox.Sandbox, op *sandbox.Operation) any { return createResponse{Sandbox: sb, Operation: op} }
+		sb, op, err := s.engine.Create(r.Context(), req, i.render(http.StatusAccepted, operationLocation, build))
+		if err != nil {
+			return response{}, err
+		}
+		b, err := marshal(build(sb, op))
+		return response{status: http.StatusAccepted, body: b, location: operationLocation(sb, op)}, err
+	})
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p params) {
+	q, err := query(r, "limit", "cursor", "state")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit, cursor, err := pageParams(q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	st := sandbox.State(q.Get("state"))
+	if st != "" && !st.Valid() {
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "unknown state %q", truncate(string(st), 32)))
+		return
+	}
+	page, err := s.engine.List(r.Context(), store.SandboxQuery{State: st, Cursor: cursor, Limit: limit})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, toList(page))
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p params) {
+	id, err := sandboxID(p)
+	if err == nil {
+		_, err = query(r)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.engine.Get(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, sb)
+}
+
+// lifecycleHandler serves DELETE and the :pause, :suspend and :wake methods.
+func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
+	step := map[sandbox.OpKind]func(context.Context, string, lifecycle.Render) (*sandbox.Operation, error){
+		sandbox.OpPause:   s.engine.Pause,
+		sandbox.OpSuspend: s.engine.Suspend,
+		sandbox.OpWake:    s.engine.Wake,
+		sandbox.OpDelete:  s.engine.Delete,
+	}[kind]
+	return func(w http.ResponseWriter, r *http.Request, p params) {
+		s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+			id, err := sandboxID(p)
+			if err != nil {
+				return response{}, err
+			}
+			if _, err := query(r); err != nil {
+				return response{}, err
+			}
+			var empty struct{}
+			if err := decodeJSON(r.Header.Get("Content-Type"), body, &empty); err != nil {
+				return response{}, err
+			}
+			build := func(_ *sandbox.Sandbox, op *sandbox.Operation) any { return operationResponse{Operation: op} }
+			op, err := step(r.Context(), id, i.render(http.StatusAccepted, operationLocation, build))
+			if err != nil {
+				return response{}, err
+			}
+			b, err := marshal(build(nil, op))
+			return response{status: http.StatusAccepted, body: b, location: operationLocation(nil, op)}, err
+		})
+	}
+}
+
+func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p params) {
+	id := p["id"]
+	if !ids.Valid(ids.Operation, id) {
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "malformed operation id %q", truncate(id, 64)).WithDetails(map[string]any{"field": "id"}))
+		return
+	}
+	if _, err := query(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	op, err := s.engine.Operation(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, op)
+}
+
+func (s *Server) listOperations(w http.ResponseWriter, r *http.Request, p params) {
+	q, err := query(r, "limit", "cursor", "sandbox_id")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit, cursor, err := pageParams(q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sbID := q.Get("sandbox_id")
+	if q.Has("sandbox_id") && !ids.Valid(ids.Sandbox, sbID) {
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "malformed sandbox_id %q", truncate(sbID, 64)))
+		return
+	}
+	page, err := s.engine.Operations(r.Context(), store.OperationQuery{SandboxID: sbID, Cursor: cursor, Limit: limit})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, toList(page))
+}

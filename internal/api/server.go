@@ -1,0 +1,185 @@
+// Package api is SPACE's control-plane HTTP API (api.md): routing,
+// authentication, strict request decoding, idempotency, and the mapping of
+// error kinds to statuses and codes — the one place that happens.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	apispec "github.com/spacesandbox/space/api"
+	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/metrics"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Config wires a Server.
+type Config struct {
+	Engine  *lifecycle.Engine
+	Store   store.Store
+	Tokens  *auth.Tokens
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
+	// BootID identifies this server process (idempotency reservations).
+	BootID string
+}
+
+// Server is the control-plane HTTP handler.
+type Server struct {
+	engine  *lifecycle.Engine
+	store   store.Store
+	tokens  *auth.Tokens
+	metrics *metrics.Metrics
+	log     *slog.Logger
+	idem    *idempotency
+	router  *router
+}
+
+// New builds the control-plane handler.
+func New(cfg Config) *Server {
+	s := &Server{engine: cfg.Engine, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
+		idem: newIdempotency(cfg.Store, cfg.BootID)}
+	s.router = newRouter(s.Routes())
+	return s
+}
+
+// Routes is the route table: the single source the router and the OpenAPI
+// conformance test both read.
+func (s *Server) Routes() []Route {
+	return []Route{
+		{Method: "GET", Pattern: "/healthz", Handler: s.healthz},
+		{Method: "GET", Pattern: "/readyz", Handler: s.readyz},
+		{Method: "GET", Pattern: "/metrics", Handler: s.serveMetrics},
+		{Method: "GET", Pattern: "/openapi-m1.json", Handler: s.openapi},
+		{Method: "POST", Pattern: "/v1/sandboxes", Auth: true, Handler: s.createSandbox},
+		{Method: "GET", Pattern: "/v1/sandboxes", Auth: true, Handler: s.listSandboxes},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}", Auth: true, Handler: s.getSandbox},
+		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}", Auth: true, Handler: s.lifecycleHandler(sandbox.OpDelete)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:pause", Auth: true, Handler: s.lifecycleHandler(sandbox.OpPause)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Handler: s.lifecycleHandler(sandbox.OpWake)},
+		{Method: "GET", Pattern: "/v1/operations", Auth: true, Handler: s.listOperations},
+		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Handler: s.getOperation},
+	}
+}
+
+// statusWriter records the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ServeHTTP routes, authenticates, recovers panics and records metrics.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	routeName := "unmatched"
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			if sw.status == 0 {
+				writeError(sw, r, s.log, errdefs.New(errdefs.Internal, "internal error"))
+			}
+		}
+		if s.metrics != nil {
+			s.metrics.ObserveRequest("api", routeName, r.Method, sw.status, time.Since(start))
+		}
+	}()
+	route, p, allowed := s.router.match(r.Method, r.URL.Path)
+	if route == nil {
+		if len(allowed) > 0 {
+			sw.Header().Set("Allow", strings.Join(allowed, ", "))
+			s.fail(sw, r, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
+			return
+		}
+		s.fail(sw, r, errdefs.New(errdefs.NotFound, "no such endpoint"))
+		return
+	}
+	routeName = route.Pattern
+	if route.Auth {
+		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
+		if !ok {
+			sw.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
+			s.fail(sw, r, errdefs.New(errdefs.Unauthenticated, "missing or invalid API token"))
+			return
+		}
+		if _, err := s.tokens.Verify(r.Context(), tok); err != nil {
+			sw.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
+			s.fail(sw, r, err)
+			return
+		}
+	}
+	route.Handler(sw, r, p)
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) { writeError(w, r, s.log, err) }
+
+// mutate reads the body of a mutating request and runs handler under the
+// request's Idempotency-Key.
+func (s *Server) mutate(w http.ResponseWriter, r *http.Request, handler func(body []byte, i *idem) (response, error)) {
+	body, err := readBody(w, r, MaxJSONBody)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	resp, replayed, err := s.idem.do(w, r, body, func(i *idem) (response, error) { return handler(body, i) })
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeResponse(w, resp, replayed)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request, p params) {
+	writeJSON(w, r, s.log, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) {
+	err := s.engine.Ready()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		_, err = s.store.ListSandboxes(ctx, store.SandboxQuery{Limit: 1})
+	}
+	if err != nil {
+		writeJSON(w, r, s.log, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": err.Error()})
+		return
+	}
+	names, def := s.engine.Runtimes()
+	writeJSON(w, r, s.log, http.StatusOK, map[string]any{"status": "ready", "runtimes": names, "default_runtime": def})
+}
+
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, p params) {
+	s.metrics.Handler().ServeHTTP(w, r)
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request, p params) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(apispec.OpenAPI)
+}

@@ -1,0 +1,137 @@
+// Package auth issues and checks API tokens. A token's value is shown once
+// when it is made; only its SHA-256 hash is stored, and a presented token is
+// checked by hashing it and comparing hashes in constant time.
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// TokenPrefix marks SPACE API tokens (so secret scanners can find leaks).
+const TokenPrefix = "space_"
+
+var tokenEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// Hash returns the stored form of a token value.
+func Hash(value string) string {
+	sum := sha256.Sum256([]byte(value))
+	return hex.EncodeToString(sum[:])
+}
+
+// Tokens manages API tokens in a store.
+type Tokens struct {
+	store store.Store
+	now   func() time.Time
+	// cacheTTL bounds how long a positive check is trusted without reading
+	// the store again (so a revoke takes effect within it).
+	cacheTTL time.Duration
+
+	mu    sync.Mutex // guards cache
+	cache map[string]cached
+}
+
+type cached struct {
+	tok   store.Token
+	until time.Time
+}
+
+// New returns a token manager over s.
+func New(s store.Store) *Tokens {
+	return &Tokens{store: s, now: func() time.Time { return time.Now().UTC() }, cacheTTL: time.Second, cache: map[string]cached{}}
+}
+
+// Create makes a token, stores its hash and returns its value, which is
+// never retrievable again.
+func (t *Tokens) Create(ctx context.Context, name string) (store.Token, string, error) {
+	name = strings.TrimSpace(name)
+	if name == "" || len(name) > 64 {
+		return store.Token{}, "", errdefs.New(errdefs.InvalidArgument, "token name must be 1 to 64 characters")
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return store.Token{}, "", fmt.Errorf("generate token: %w", err)
+	}
+	value := TokenPrefix + tokenEncoding.EncodeToString(b[:])
+	tok := store.Token{ID: ids.New(ids.Token), Name: name, Hash: Hash(value), CreatedAt: t.now()}
+	if err := t.store.CreateToken(ctx, &tok); err != nil {
+		return store.Token{}, "", fmt.Errorf("store token: %w", err)
+	}
+	return tok, value, nil
+}
+
+// Verify checks a presented token value and returns its record.
+// Every failure is errdefs.Unauthenticated with the same message.
+func (t *Tokens) Verify(ctx context.Context, value string) (store.Token, error) {
+	denied := errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
+	if !strings.HasPrefix(value, TokenPrefix) || len(value) > 256 {
+		return store.Token{}, denied
+	}
+	h := Hash(value)
+	now := t.now()
+	t.mu.Lock()
+	c, ok := t.cache[h]
+	t.mu.Unlock()
+	if ok && now.Before(c.until) && subtle.ConstantTimeCompare([]byte(c.tok.Hash), []byte(h)) == 1 {
+		return c.tok, nil
+	}
+	tok, err := t.store.TokenByHash(ctx, h)
+	if errors.Is(err, errdefs.NotFound) {
+		return store.Token{}, denied
+	}
+	if err != nil {
+		return store.Token{}, fmt.Errorf("look up token: %w", err)
+	}
+	// The lookup is by hash; compare again in constant time so the check
+	// never depends on how the store compares strings.
+	if subtle.ConstantTimeCompare([]byte(tok.Hash), []byte(h)) != 1 || tok.RevokedAt != nil {
+		return store.Token{}, denied
+	}
+	t.mu.Lock()
+	if len(t.cache) > 10000 {
+		clear(t.cache)
+	}
+	t.cache[h] = cached{tok: *tok, until: now.Add(t.cacheTTL)}
+	t.mu.Unlock()
+	return *tok, nil
+}
+
+// List returns every token (hashes only).
+func (t *Tokens) List(ctx context.Context) ([]store.Token, error) { return t.store.ListTokens(ctx) }
+
+// Revoke revokes a token by id; it stops working within the cache TTL.
+func (t *Tokens) Revoke(ctx context.Context, id string) error {
+	if !ids.Valid(ids.Token, id) {
+		return errdefs.New(errdefs.InvalidArgument, "malformed token id %q", id)
+	}
+	if err := t.store.RevokeToken(ctx, id, t.now()); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	clear(t.cache)
+	t.mu.Unlock()
+	return nil
+}
+
+// BearerToken extracts the token of an "Authorization: Bearer" header.
+func BearerToken(header string) (string, bool) {
+	scheme, value, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	value = strings.TrimSpace(value)
+	return value, value != ""
+}

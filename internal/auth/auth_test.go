@@ -1,0 +1,91 @@
+package auth_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store/sqlite"
+)
+
+func newTokens(t *testing.T) (*auth.Tokens, string) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return auth.New(st), dir
+}
+
+func TestCreateVerifyRevoke(t *testing.T) {
+	tk, _ := newTokens(t)
+	ctx := context.Background()
+	tok, value, err := tk.Create(ctx, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(value, auth.TokenPrefix) || tok.Hash == value || strings.Contains(tok.Hash, value) {
+		t.Fatalf("token %q stored as %q", value, tok.Hash)
+	}
+	got, err := tk.Verify(ctx, value)
+	if err != nil || got.ID != tok.ID {
+		t.Fatalf("verify = %+v %v", got, err)
+	}
+	for _, bad := range []string{"", value + "x", value[:len(value)-1], "Bearer " + value, strings.ToUpper(value)} {
+		if _, err := tk.Verify(ctx, bad); !errors.Is(err, errdefs.Unauthenticated) {
+			t.Errorf("verify(%q) = %v", bad, err)
+		}
+	}
+	if err := tk.Revoke(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tk.Verify(ctx, value); !errors.Is(err, errdefs.Unauthenticated) {
+		t.Fatalf("revoked token verified: %v", err)
+	}
+	if err := tk.Revoke(ctx, "tok_nope"); !errors.Is(err, errdefs.InvalidArgument) {
+		t.Fatalf("revoke malformed = %v", err)
+	}
+	if _, _, err := tk.Create(ctx, " "); !errors.Is(err, errdefs.InvalidArgument) {
+		t.Fatalf("empty name = %v", err)
+	}
+}
+
+func TestBootstrapWritesTokenOnce(t *testing.T) {
+	tk, dir := newTokens(t)
+	ctx := context.Background()
+	path, err := tk.Bootstrap(ctx, dir)
+	if err != nil || path != filepath.Join(dir, auth.TokenFile) {
+		t.Fatalf("bootstrap = %q %v", path, err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file mode = %v %v", fi.Mode(), err)
+	}
+	b, _ := os.ReadFile(path)
+	if _, err := tk.Verify(ctx, strings.TrimSpace(string(b))); err != nil {
+		t.Fatalf("bootstrapped token does not verify: %v", err)
+	}
+	again, err := tk.Bootstrap(ctx, dir)
+	if err != nil || again != "" {
+		t.Fatalf("second bootstrap = %q %v", again, err)
+	}
+	b2, _ := os.ReadFile(path)
+	if string(b2) != string(b) {
+		t.Fatal("second bootstrap rewrote the token file")
+	}
+}
+
+func TestBearerToken(t *testing.T) {
+	for in, want := range map[string]string{"Bearer abc": "abc", "bearer  abc ": "abc", "Basic abc": "", "Bearer": "", "Bearer ": "", "": ""} {
+		got, ok := auth.BearerToken(in)
+		if got != want || ok != (want != "") {
+			t.Errorf("BearerToken(%q) = %q %v", in, got, ok)
+		}
+	}
+}

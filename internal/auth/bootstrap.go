@@ -1,0 +1,54 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// TokenFile is the name, under the data directory, of the file holding the
+// first admin token.
+const TokenFile = "api-token"
+
+// Bootstrap makes the first admin token when the store has none and writes
+// its value once to <dataDir>/api-token with mode 0600. It returns the path
+// written ("" when tokens already existed). The value is never logged.
+func (t *Tokens) Bootstrap(ctx context.Context, dataDir string) (string, error) {
+	existing, err := t.List(ctx)
+	if err != nil {
+		return "", err
+	}
+	if len(existing) > 0 {
+		return "", nil
+	}
+	path := filepath.Join(dataDir, TokenFile)
+	// Create the file first (exclusively) so a token is never stored
+	// without the operator being able to read it.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		if err := os.Remove(path); err != nil {
+			return "", fmt.Errorf("replace stale %s: %w", path, err)
+		}
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	}
+	if err != nil {
+		return "", fmt.Errorf("create %s: %w", path, err)
+	}
+	_, value, err := t.Create(ctx, "admin")
+	if err != nil {
+		f.Close()
+		os.Remove(path)
+		return "", err
+	}
+	if _, err := f.WriteString(value + "\n"); err != nil {
+		f.Close()
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return "", fmt.Errorf("sync %s: %w", path, err)
+	}
+	return path, f.Close()
+}

@@ -1,0 +1,187 @@
+// Package cli is the `space` command line: `space serve` runs the server;
+// every other verb is a client of the API (sandbox, operation) or manages
+// the local data directory (token).
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/config"
+	"github.com/spacesandbox/space/internal/server"
+)
+
+// Options are what cmd/space wires in.
+type Options struct {
+	// Host discovers the runtimes and templates of this host.
+	Host server.HostFunc
+	Stdout, Stderr io.Writer
+	Stdin          io.Reader
+}
+
+// exitError carries a process exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+
+// errUsage marks a usage error (exit code 2).
+var errUsage = errors.New("usage")
+
+const usage = `space — Sandboxed Platform for Agentic Code Execution
+
+Server:
+  space serve [flags]                 start SPACE (space serve -h for flags)
+  space token create|list|revoke      manage API tokens in the data directory
+
+Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
+  space sandbox create|list|get|pause|suspend|wake|delete
+  space operation get|wait|list
+
+Add --json to client verbs for machine-readable output.
+`
+
+// Main runs the CLI and returns the process exit code.
+func Main(args []string, o Options) int {
+	if o.Stdout == nil {
+		o.Stdout = os.Stdout
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	if o.Stdin == nil {
+		o.Stdin = os.Stdin
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, args, o)
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil && ee.err.Error() != "" {
+			fmt.Fprintln(o.Stderr, "space:", ee.err)
+		}
+		return ee.code
+	}
+	if errors.Is(err, errUsage) || errors.Is(err, flag.ErrHelp) {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(o.Stderr, "space:", err)
+		}
+		return 2
+	}
+	fmt.Fprintln(o.Stderr, "space:", err)
+	return 1
+}
+
+func run(ctx context.Context, args []string, o Options) error {
+	if len(args) < 2 {
+		fmt.Fprint(o.Stderr, usage)
+		return errUsage
+	}
+	verb, rest := args[1], args[2:]
+	switch verb {
+	case "serve":
+		return serve(ctx, rest, o)
+	case "token":
+		return tokenCmd(ctx, rest, o)
+	case "sandbox", "sandboxes", "sbx":
+		return sandboxCmd(ctx, rest, o)
+	case "operation", "operations", "op":
+		return operationCmd(ctx, rest, o)
+	case "help", "-h", "--help":
+		fmt.Fprint(o.Stdout, usage)
+		return nil
+	}
+	fmt.Fprint(o.Stderr, usage)
+	return fmt.Errorf("%w: unknown command %q", errUsage, verb)
+}
+
+// clientFlags are the flags every client verb takes.
+type clientFlags struct {
+	apiURL string
+	token  string
+	json   bool
+}
+
+func (c *clientFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.apiURL, "api-url", envOr("SPACE_API_URL", "http://127.0.0.1:8080"), "control-plane URL (env SPACE_API_URL)")
+	fs.StringVar(&c.token, "token", os.Getenv("SPACE_API_TOKEN"), "API token (env SPACE_API_TOKEN; default: the data directory's api-token file when readable)")
+	fs.BoolVar(&c.json, "json", false, "print JSON")
+}
+
+func (c *clientFlags) client() (*client.Client, error) {
+	tok := c.token
+	if tok == "" {
+		dir := envOr("SPACE_DATA_DIR", "/var/lib/space")
+		if b, err := os.ReadFile(filepath.Join(dir, "api-token")); err == nil {
+			tok = strings.TrimSpace(string(b))
+		}
+	}
+	if tok == "" {
+		return nil, errors.New("no API token: set SPACE_API_TOKEN or pass --token")
+	}
+	return client.New(c.apiURL, tok)
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// parse parses flags allowing them before and after positional arguments.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	fs.SetOutput(io.Discard)
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fs.SetOutput(os.Stderr)
+				fs.PrintDefaults()
+				return nil, flag.ErrHelp
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func serve(ctx context.Context, args []string, o Options) error {
+	var cfg config.Serve
+	fs := flag.NewFlagSet("space serve", flag.ContinueOnError)
+	cfg.Flags(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fmt.Errorf("%w: serve takes no arguments", errUsage)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := newLogger(o.Stderr, cfg.LogFormat, cfg.LogLevel)
+	return server.Run(ctx, &cfg, log, o.Host, nil)
+}

@@ -1,0 +1,124 @@
+// Package config is the typed configuration of `space serve`: every setting
+// is a flag and, with the SPACE_ prefix, an environment variable; Validate
+// checks the whole before anything starts.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+)
+
+// Serve configures `space serve`.
+type Serve struct {
+	DataDir       string
+	APIAddr       string
+	DataPlaneAddr string
+	TLSCert       string
+	TLSKey        string
+	Runtime       string // auto, vm, gvisor (and fake in test builds)
+	LogFormat     string // auto, text, json
+	LogLevel      string // debug, info, warn, error
+	// ShutdownGrace bounds how long a graceful shutdown waits for requests
+	// and operations in flight.
+	ShutdownGrace time.Duration
+	// OperationTimeout bounds one lifecycle operation.
+	OperationTimeout time.Duration
+}
+
+// Flags registers s's fields on fs, with defaults taken from the
+// environment (SPACE_DATA_DIR, SPACE_API_ADDR, …) where set.
+func (s *Serve) Flags(fs *flag.FlagSet) {
+	str := func(p *string, name, def, usage string) {
+		fs.StringVar(p, name, envOr(name, def), usage+" (env "+EnvName(name)+")")
+	}
+	dur := func(p *time.Duration, name string, def time.Duration, usage string) {
+		if v, ok := os.LookupEnv(EnvName(name)); ok {
+			if d, err := time.ParseDuration(v); err == nil {
+				def = d
+			}
+		}
+		fs.DurationVar(p, name, def, usage+" (env "+EnvName(name)+")")
+	}
+	str(&s.DataDir, "data-dir", "/var/lib/space", "directory for the database, templates, snapshots and the first API token")
+	str(&s.APIAddr, "api-addr", "127.0.0.1:8080", "control-plane listen address")
+	str(&s.DataPlaneAddr, "data-plane-addr", "127.0.0.1:8090", "data-plane (command streams) listen address")
+	str(&s.TLSCert, "tls-cert", "", "TLS certificate file (required to listen beyond loopback)")
+	str(&s.TLSKey, "tls-key", "", "TLS private key file")
+	str(&s.Runtime, "runtime", "auto", "sandbox runtime: auto, vm or gvisor")
+	str(&s.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
+	str(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
+	dur(&s.OperationTimeout, "operation-timeout", 10*time.Minute, "upper bound of one lifecycle operation")
+}
+
+// EnvName is the environment variable of a flag: data-dir → SPACE_DATA_DIR.
+func EnvName(flagName string) string {
+	return "SPACE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func envOr(flagName, def string) string {
+	if v, ok := os.LookupEnv(EnvName(flagName)); ok {
+		return v
+	}
+	return def
+}
+
+// Validate checks the configuration as a whole.
+func (s *Serve) Validate() error {
+	var errs []error
+	if s.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir must not be empty"))
+	}
+	if (s.TLSCert == "") != (s.TLSKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key must be given together"))
+	}
+	for name, addr := range map[string]string{"--api-addr": s.APIAddr, "--data-plane-addr": s.DataPlaneAddr} {
+		loop, err := Loopback(addr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		if !loop && s.TLSCert == "" {
+			errs = append(errs, fmt.Errorf("%s %s is not a loopback address: plain HTTP is only allowed on loopback; give --tls-cert and --tls-key", name, addr))
+		}
+	}
+	switch s.LogFormat {
+	case "auto", "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("--log-format %q: want auto, text or json", s.LogFormat))
+	}
+	switch s.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", s.LogLevel))
+	}
+	if s.ShutdownGrace < 0 || s.OperationTimeout <= 0 {
+		errs = append(errs, errors.New("--shutdown-grace must be ≥ 0 and --operation-timeout > 0"))
+	}
+	return errors.Join(errs...)
+}
+
+// TLS reports whether the listeners serve TLS.
+func (s *Serve) TLS() bool { return s.TLSCert != "" }
+
+// Loopback reports whether a listen address binds only loopback. A host name
+// other than localhost, or an empty host (all interfaces), is not loopback.
+func Loopback(addr string) (bool, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, fmt.Errorf("address %q: %w", addr, err)
+	}
+	if port == "" {
+		return false, fmt.Errorf("address %q has no port", addr)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}

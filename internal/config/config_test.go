@@ -1,0 +1,64 @@
+package config
+
+import (
+	"flag"
+	"strings"
+	"testing"
+)
+
+func parse(t *testing.T, args ...string) *Serve {
+	t.Helper()
+	var s Serve
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	s.Flags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return &s
+}
+
+func TestDefaultsAreValid(t *testing.T) {
+	s := parse(t)
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if s.DataDir != "/var/lib/space" || s.APIAddr != "127.0.0.1:8080" || s.DataPlaneAddr != "127.0.0.1:8090" {
+		t.Fatalf("defaults = %+v", s)
+	}
+}
+
+func TestEnvironmentSetsDefaults(t *testing.T) {
+	t.Setenv("SPACE_DATA_DIR", "/tmp/x")
+	t.Setenv("SPACE_API_ADDR", "127.0.0.1:1")
+	t.Setenv("SPACE_SHUTDOWN_GRACE", "3s")
+	s := parse(t)
+	if s.DataDir != "/tmp/x" || s.APIAddr != "127.0.0.1:1" || s.ShutdownGrace.String() != "3s" {
+		t.Fatalf("env not applied: %+v", s)
+	}
+	if s = parse(t, "--data-dir", "/tmp/y"); s.DataDir != "/tmp/y" {
+		t.Fatal("flag does not override env")
+	}
+}
+
+func TestPlainHTTPOnlyOnLoopback(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--api-addr", "0.0.0.0:8080"}, "not a loopback"},
+		{[]string{"--api-addr", ":8080"}, "not a loopback"},
+		{[]string{"--data-plane-addr", "example.com:1"}, "not a loopback"},
+		{[]string{"--api-addr", "[::1]:8080"}, ""},
+		{[]string{"--api-addr", "localhost:8080"}, ""},
+		{[]string{"--api-addr", "0.0.0.0:8080", "--tls-cert", "c", "--tls-key", "k"}, ""},
+		{[]string{"--tls-cert", "c"}, "together"},
+		{[]string{"--api-addr", "nonsense"}, "missing port"},
+		{[]string{"--log-format", "xml"}, "log-format"},
+		{[]string{"--data-dir", ""}, "data-dir"},
+	} {
+		err := parse(t, c.args...).Validate()
+		if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%v: err = %v, want %q", c.args, err, c.err)
+		}
+	}
+}

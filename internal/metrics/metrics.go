@@ -1,0 +1,61 @@
+// Package metrics holds SPACE's Prometheus metrics: request latency and
+// outcome per route, and lifecycle operation latency and outcome per kind.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// Metrics is one registry of SPACE metrics.
+type Metrics struct {
+	reg         *prometheus.Registry
+	reqDuration *prometheus.HistogramVec
+	opDuration  *prometheus.HistogramVec
+}
+
+// New registers SPACE's metrics on a fresh registry.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		reqDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "space_http_request_duration_seconds",
+			Help:    "Latency of HTTP requests by listener, route, method and status code.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"listener", "route", "method", "code"}),
+		opDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "space_operation_duration_seconds",
+			Help:    "Latency of lifecycle operations from start of execution to outcome, by kind and outcome.",
+			Buckets: []float64{.001, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}, []string{"kind", "outcome"}),
+	}
+	m.reg.MustRegister(m.reqDuration, m.opDuration,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// ObserveRequest records one HTTP request.
+func (m *Metrics) ObserveRequest(listener, route, method string, code int, d time.Duration) {
+	m.reqDuration.WithLabelValues(listener, route, method, strconv.Itoa(code)).Observe(d.Seconds())
+}
+
+// OperationFinished records one lifecycle operation (lifecycle.Observer).
+func (m *Metrics) OperationFinished(kind sandbox.OpKind, state sandbox.OpState, d time.Duration) {
+	m.opDuration.WithLabelValues(string(kind), string(state)).Observe(d.Seconds())
+}
+
+// Register adds further collectors (for example gauges owned by other
+// packages).
+func (m *Metrics) Register(c ...prometheus.Collector) { m.reg.MustRegister(c...) }

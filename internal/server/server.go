@@ -1,0 +1,205 @@
+// Package server assembles and runs `space serve`: it opens the store under
+// the data directory, makes the first API token, starts the lifecycle engine
+// over the runtimes available on this host, serves the control plane and the
+// data plane, and shuts all of it down gracefully.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/api"
+	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/config"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/metrics"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/store/sqlite"
+)
+
+// Host is what this host offers the engine: the runtimes that work here and
+// the template store. It is decided by the caller (cmd/space), which knows
+// which implementations this binary contains.
+type Host struct {
+	Runtimes  []runtime.Runtime
+	Templates lifecycle.Templates
+	// Default is the runtime used when a create names none ("" = first).
+	Default string
+}
+
+// HostFunc discovers what the host offers, given the configuration and the
+// data directory's layout.
+type HostFunc func(ctx context.Context, cfg *config.Serve, log *slog.Logger) (Host, error)
+
+// Paths under the data directory.
+const (
+	DBFile       = "space.db"
+	SnapshotsDir = "snapshots"
+	RuntimeDir   = "runtime"
+)
+
+// Run serves until ctx is cancelled, then shuts down gracefully. ready, when
+// non-nil, receives the bound addresses once both listeners accept.
+func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc, ready func(apiAddr, dataAddr net.Addr)) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("make data directory: %w", err)
+	}
+	for _, d := range []string{SnapshotsDir, RuntimeDir} {
+		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
+			return fmt.Errorf("make %s directory: %w", d, err)
+		}
+	}
+	bootID := newBootID()
+	log = log.With("boot_id", bootID)
+
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, DBFile))
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer st.Close()
+
+	tokens := auth.New(st)
+	if path, err := tokens.Bootstrap(ctx, cfg.DataDir); err != nil {
+		return fmt.Errorf("create first API token: %w", err)
+	} else if path != "" {
+		log.Info("created the first admin API token; read it from the file (it is not logged)", "path", path)
+	}
+	if n, err := st.PruneIdempotencyKeys(ctx, time.Now().UTC(), bootID); err != nil {
+		return err
+	} else if n > 0 {
+		log.Info("dropped expired or abandoned idempotency records", "count", n)
+	}
+
+	h, err := host(ctx, cfg, log)
+	if err != nil {
+		return fmt.Errorf("discover runtimes: %w", err)
+	}
+	m := metrics.New()
+	eng, err := lifecycle.New(lifecycle.Config{
+		Store: st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
+		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Logger: log, Observer: m,
+		OperationTimeout: cfg.OperationTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	if err := eng.Start(ctx); err != nil {
+		return fmt.Errorf("start lifecycle engine: %w", err)
+	}
+	if err := eng.Ready(); err != nil {
+		log.Warn("not ready to serve sandboxes", "reason", err.Error())
+	} else {
+		names, def := eng.Runtimes()
+		log.Info("ready to serve sandboxes", "runtimes", names, "default_runtime", def)
+	}
+
+	apiSrv := api.New(api.Config{Engine: eng, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID})
+	apiLn, err := net.Listen("tcp", cfg.APIAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.APIAddr, err)
+	}
+	dataLn, err := net.Listen("tcp", cfg.DataPlaneAddr)
+	if err != nil {
+		apiLn.Close()
+		return fmt.Errorf("listen on %s: %w", cfg.DataPlaneAddr, err)
+	}
+	servers := []*http.Server{
+		newHTTPServer(apiSrv, log),
+		newHTTPServer(dataPlanePlaceholder(), log),
+	}
+	lns := []net.Listener{apiLn, dataLn}
+	errc := make(chan error, len(servers))
+	var wg sync.WaitGroup
+	for i, srv := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if cfg.TLS() {
+				err = srv.ServeTLS(lns[i], cfg.TLSCert, cfg.TLSKey)
+			} else {
+				err = srv.Serve(lns[i])
+			}
+			if !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	log.Info("serving", "api_addr", apiLn.Addr().String(), "data_plane_addr", dataLn.Addr().String(), "tls", cfg.TLS(), "data_dir", cfg.DataDir)
+	if ready != nil {
+		ready(apiLn.Addr(), dataLn.Addr())
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "grace", cfg.ShutdownGrace)
+	case runErr = <-errc:
+		log.Error("listener failed; shutting down", "err", runErr)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	for _, srv := range servers {
+		srv.Shutdown(sctx)
+	}
+	wg.Wait()
+	// Let operations in flight finish within the grace period; whatever is
+	// still running is resumed by the next start.
+	if d := time.Until(deadlineOf(sctx)); d > 0 {
+		eng.Drain(d)
+	}
+	eng.Close()
+	log.Info("stopped")
+	return runErr
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}
+
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// dataPlanePlaceholder serves the data plane's health until command
+// sessions exist; every other path is 404 in the API's error envelope.
+func dataPlanePlaceholder() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		w.Write([]byte(`{"error":{"code":"not_found","message":"no such endpoint"}}` + "\n"))
+	})
+	return mux
+}
+
+func newBootID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
