@@ -98,7 +98,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params)
 		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
 			return response{}, err
 		}
-		build := func(sb *sandbox.Sandbox, op *sandbox.Operation) any { return createResponse{Sandbox: sb, Operation: op} }
+		build := func(sb *sandbox.Sandbox, op *sandbox.Operation) any {
+			return createResponse{Sandbox: sb, Operation: op}
+		}
 		sb, op, err := s.engine.Create(r.Context(), req, i.render(http.StatusAccepted, operationLocation, build))
 		if err != nil {
 			return response{}, err

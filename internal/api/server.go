@@ -138,7 +138,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	route.Handler(sw, r, p)
 }
 
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) { writeError(w, r, s.log, err) }
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(w, r, s.log, err)
+}
 
 // mutate reads the body of a mutating request and runs handler under the
 // request's Idempotency-Key.

@@ -23,7 +23,7 @@ import (
 // Options are what cmd/space wires in.
 type Options struct {
 	// Host discovers the runtimes and templates of this host.
-	Host server.HostFunc
+	Host           server.HostFunc
 	Stdout, Stderr io.Writer
 	Stdin          io.Reader
 }
