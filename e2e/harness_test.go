@@ -1,0 +1,301 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/client"
+)
+
+// Binaries built once per test run.
+var (
+	spaceBin     string // production build
+	spaceFakeBin string // test build with the FAKE runtime (spacefake tag)
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "space-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	spaceBin = filepath.Join(dir, "space")
+	spaceFakeBin = filepath.Join(dir, "space-fake")
+	for _, b := range []struct{ out, tags string }{{spaceBin, ""}, {spaceFakeBin, "spacefake"}} {
+		args := []string{"build", "-o", b.out}
+		if b.tags != "" {
+			args = append(args, "-tags", b.tags)
+		}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "../cmd/space")...)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build space:", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is one `space serve` process.
+type server struct {
+	t       *testing.T
+	bin     string
+	dataDir string
+	apiAddr string
+	dpAddr  string
+	env     []string
+	args    []string
+	token   string
+
+	mu   sync.Mutex // guards cmd and done
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	logMu sync.Mutex // guards logs
+	logs  bytes.Buffer
+}
+
+type serverOpts struct {
+	bin  string   // default spaceFakeBin
+	args []string // extra flags (default: --runtime fake)
+	env  []string // extra environment
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServer starts `space serve` and waits until it answers /healthz.
+func startServer(t *testing.T, o serverOpts) *server {
+	t.Helper()
+	if o.bin == "" {
+		o.bin = spaceFakeBin
+	}
+	if o.args == nil && o.bin == spaceFakeBin {
+		o.args = []string{"--runtime", "fake"}
+	}
+	s := &server{t: t, bin: o.bin, dataDir: t.TempDir(), apiAddr: freeAddr(t), dpAddr: freeAddr(t), env: o.env, args: o.args}
+	s.start()
+	t.Cleanup(s.stop)
+	b, err := os.ReadFile(filepath.Join(s.dataDir, "api-token"))
+	if err != nil {
+		t.Fatalf("read api-token: %v", err)
+	}
+	s.token = strings.TrimSpace(string(b))
+	return s
+}
+
+func (s *server) start() {
+	s.t.Helper()
+	args := append([]string{"serve", "--data-dir", s.dataDir, "--api-addr", s.apiAddr, "--data-plane-addr", s.dpAddr, "--log-format", "json", "--shutdown-grace", "5s"}, s.args...)
+	cmd := exec.Command(s.bin, args...)
+	cmd.Env = append(os.Environ(), s.env...)
+	lw := &lockedWriter{w: &s.logs, mu: &s.logMu}
+	cmd.Stdout, cmd.Stderr = lw, lw
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(s.url("/healthz"))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		select {
+		case <-done:
+			s.t.Fatalf("space serve exited at start:\n%s", s.log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("space serve did not become healthy:\n%s", s.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *server) log() string {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	return s.logs.String()
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (s *server) kill() {
+	s.signal(syscall.SIGKILL)
+}
+
+func (s *server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		s.t.Fatalf("space serve did not exit on %v", sig)
+	}
+	s.mu.Lock()
+	s.cmd = nil
+	s.mu.Unlock()
+}
+
+func (s *server) stop() {
+	s.signal(syscall.SIGTERM)
+	if s.t.Failed() {
+		s.t.Logf("server log:\n%s", s.log())
+	}
+}
+
+func (s *server) url(path string) string { return "http://" + s.apiAddr + path }
+
+func (s *server) client() *client.Client {
+	c, err := client.New("http://"+s.apiAddr, s.token)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+// reply is a raw HTTP answer.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) json(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.body, err)
+	}
+}
+
+// errorCode returns the code of an error envelope ("" if none).
+func (r reply) errorCode() string {
+	var env struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	json.Unmarshal(r.body, &env)
+	return env.Error.Code
+}
+
+// do sends a raw request. headers are "Name: value" strings; a token of ""
+// sends no Authorization header.
+func (s *server) do(method, path, token string, body []byte, headers ...string) reply {
+	s.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(context.Background(), method, s.url(path), rd)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for _, h := range headers {
+		k, v, _ := strings.Cut(h, ":")
+		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func (s *server) waitOp(id string) *client.Operation {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	op, err := s.client().WaitOperation(ctx, id)
+	if err != nil {
+		s.t.Fatalf("wait %s: %v", id, err)
+	}
+	return op
+}
+
+// createRunning creates a sandbox and waits for it to run.
+func (s *server) createRunning() string {
+	s.t.Helper()
+	out, _, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{}, "")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if op := s.waitOp(out.Operation.ID); op.State != "succeeded" {
+		s.t.Fatalf("create failed: %+v", op.Error)
+	}
+	return out.Sandbox.ID
+}
+
+// runCLI runs the space CLI against s and returns stdout and the exit code.
+func (s *server) runCLI(args ...string) (string, string, int) {
+	s.t.Helper()
+	cmd := exec.Command(s.bin, args...)
+	cmd.Env = append(os.Environ(), "SPACE_API_URL=http://"+s.apiAddr, "SPACE_API_TOKEN="+s.token, "SPACE_DATA_DIR="+s.dataDir)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		s.t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}

@@ -1,0 +1,76 @@
+package api
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Decoding and validating a create body never panics, and whatever it
+// rejects is an invalid_argument; whatever it accepts is within limits.
+func FuzzDecodeCreateRequest(f *testing.F) {
+	for _, s := range []string{``, `{}`, `{"template":"seed:latest"}`, `{"resources":{"vcpus":2}}`, `{"env":{"A":"b"}}`,
+		`{"auto_lifecycle":{"idle_timeout":"10m","idle_action":"pause"}}`, `[]`, `{"x":1}`, `{"env":{"":""}}`, `{"resources":{"vcpus":1e309}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var req lifecycle.CreateRequest
+		err := decodeJSON("application/json", body, &req)
+		if err == nil {
+			err = req.Normalize(lifecycle.DefaultLimits)
+		}
+		if err != nil {
+			if !errors.Is(err, errdefs.InvalidArgument) {
+				t.Fatalf("rejection of %q is %v, not invalid_argument", body, err)
+			}
+			return
+		}
+		r := req.Resources
+		if r.VCPUs < 1 || r.VCPUs > lifecycle.DefaultLimits.MaxVCPUs || r.MemoryMiB < 128 || r.DiskMiB < 256 || req.Template == "" {
+			t.Fatalf("accepted out-of-range request %+v", req)
+		}
+	})
+}
+
+// Routing arbitrary paths never panics and never yields an empty parameter
+// or one with a separator in it.
+func FuzzRouter(f *testing.F) {
+	rt := newRouter((&Server{}).Routes())
+	for _, s := range []string{"/v1/sandboxes", "/v1/sandboxes/sbx_a:pause", "/v1/sandboxes/:pause", "//", "/v1/sandboxes/a:b:pause", "/v1/operations/%00"} {
+		f.Add("POST", s)
+	}
+	f.Fuzz(func(t *testing.T, method, path string) {
+		r, p, _ := rt.match(method, path)
+		if r == nil {
+			return
+		}
+		for k, v := range p {
+			if v == "" || strings.ContainsAny(v, ":/") {
+				t.Fatalf("%s %q: param %s = %q", method, path, k, v)
+			}
+		}
+	})
+}
+
+// Cursors from clients never panic the decoder; what decodes re-encodes.
+func FuzzCursor(f *testing.F) {
+	f.Add(store.EncodeCursor(42))
+	f.Add("!!")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, c string) {
+		seq, err := store.DecodeCursor(c)
+		if err != nil {
+			if !errors.Is(err, errdefs.InvalidArgument) {
+				t.Fatalf("cursor %q: %v", c, err)
+			}
+			return
+		}
+		if seq < 0 {
+			t.Fatalf("negative seq from %q", c)
+		}
+	})
+}
