@@ -241,6 +241,21 @@ func TestBadInputIsRejected(t *testing.T) {
 	}
 }
 
+func TestSandboxCapacity(t *testing.T) {
+	s := startServer(t, serverOpts{args: []string{"--runtime", "fake", "--max-sandboxes", "2"}})
+	a := s.createRunning()
+	s.createRunning()
+	r := s.do("POST", "/v1/sandboxes", s.token, []byte(`{}`))
+	expectError(t, r, 429, "resource_exhausted")
+	// Deleting one frees a place.
+	op, _, err := s.client().Lifecycle(context.Background(), "delete", a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.waitOp(op.ID)
+	s.createRunning()
+}
+
 // FAKE runtime with a slow step, to hold an operation in flight.
 func TestOneOperationInFlightFakeSlowRuntime(t *testing.T) {
 	s := startServer(t, serverOpts{env: []string{"SPACE_FAKE_DELAY=400ms"}})

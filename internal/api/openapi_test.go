@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -120,4 +121,12 @@ func escape(s string) string {
 	s = strings.ReplaceAll(s, "{", "%7B")
 	s = strings.ReplaceAll(s, "}", "%7D")
 	return s
+}
+
+// An error without a kind is a 500 whose message reveals nothing.
+func TestUnkindedErrorsDoNotLeak(t *testing.T) {
+	status, body := errorResponse(fmt.Errorf("open /var/lib/space/secret: %w", errors.New("permission denied")))
+	if status != 500 || strings.Contains(string(body), "secret") || !strings.Contains(string(body), `"code":"internal"`) {
+		t.Fatalf("errorResponse = %d %s", status, body)
+	}
 }

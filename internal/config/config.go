@@ -28,6 +28,8 @@ type Serve struct {
 	ShutdownGrace time.Duration
 	// OperationTimeout bounds one lifecycle operation.
 	OperationTimeout time.Duration
+	// MaxSandboxes caps active sandboxes (0 = no cap).
+	MaxSandboxes int
 }
 
 // Flags registers s's fields on fs, with defaults taken from the
@@ -52,6 +54,11 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.Runtime, "runtime", "auto", "sandbox runtime: auto, vm or gvisor")
 	str(&s.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
 	str(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	maxSbx := 1000
+	if v, ok := os.LookupEnv(EnvName("max-sandboxes")); ok {
+		fmt.Sscan(v, &maxSbx)
+	}
+	fs.IntVar(&s.MaxSandboxes, "max-sandboxes", maxSbx, "most sandboxes active at once; 0 for no cap (env "+EnvName("max-sandboxes")+")")
 	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
 	dur(&s.OperationTimeout, "operation-timeout", 10*time.Minute, "upper bound of one lifecycle operation")
 }
@@ -96,6 +103,9 @@ func (s *Serve) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", s.LogLevel))
+	}
+	if s.MaxSandboxes < 0 {
+		errs = append(errs, errors.New("--max-sandboxes must be ≥ 0"))
 	}
 	if s.ShutdownGrace < 0 || s.OperationTimeout <= 0 {
 		errs = append(errs, errors.New("--shutdown-grace must be ≥ 0 and --operation-timeout > 0"))

@@ -46,6 +46,9 @@ type Config struct {
 	Logger       *slog.Logger
 	Observer     Observer
 	Limits       Limits
+	// MaxActiveSandboxes caps sandboxes that are neither deleted nor failed
+	// (0 = no cap); a create beyond it is resource_exhausted.
+	MaxActiveSandboxes int
 	// OperationTimeout bounds one operation (default 10 minutes).
 	OperationTimeout time.Duration
 	Now              func() time.Time
@@ -203,7 +206,7 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	sb.ActiveOperation = op.ID
-	if err := e.store.CreateSandbox(ctx, sb, op, render.completion(sb, op)); err != nil {
+	if err := e.store.CreateSandbox(ctx, sb, op, render.completion(sb, op), e.cfg.MaxActiveSandboxes); err != nil {
 		return nil, nil, fmt.Errorf("record sandbox: %w", err)
 	}
 	e.log.Info("sandbox create accepted", "sandbox_id", sb.ID, "operation_id", op.ID, "runtime", rtName, "template", tpl.Ref)

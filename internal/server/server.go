@@ -91,7 +91,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	eng, err := lifecycle.New(lifecycle.Config{
 		Store: st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
 		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Logger: log, Observer: m,
-		OperationTimeout: cfg.OperationTimeout,
+		OperationTimeout: cfg.OperationTimeout, MaxActiveSandboxes: cfg.MaxSandboxes,
 	})
 	if err != nil {
 		return err

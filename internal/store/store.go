@@ -20,8 +20,10 @@ import (
 // transaction, so a crash never leaves one without the other.
 type Store interface {
 	// CreateSandbox records a new sandbox and its create operation, and
-	// completes idem (when non-nil) in the same transaction.
-	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *Completion) error
+	// completes idem (when non-nil) in the same transaction. When maxActive
+	// > 0 and that many sandboxes are already active (neither deleted nor
+	// failed), it stores nothing and returns errdefs.ResourceExhausted.
+	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *Completion, maxActive int) error
 	// GetSandbox returns a sandbox, errdefs.NotFound when there is none.
 	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	// ListSandboxes returns one page of sandboxes in insertion order.

@@ -119,8 +119,18 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 
 // --- sandboxes and operations ---
 
-func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *store.Completion) error {
+func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *store.Completion, maxActive int) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
+		if maxActive > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed')`).Scan(&n); err != nil {
+				return fmt.Errorf("count active sandboxes: %w", err)
+			}
+			if n >= maxActive {
+				return errdefs.New(errdefs.ResourceExhausted, "this server holds at most %d active sandboxes; delete or wait for one to go", maxActive).
+					WithDetails(map[string]any{"max_active_sandboxes": maxActive})
+			}
+		}
 		if err := insertSandbox(ctx, tx, sb); err != nil {
 			return err
 		}

@@ -41,6 +41,7 @@ func Run(t *testing.T, newDB Factory) {
 		{"Idempotency", testIdempotency},
 		{"IdempotencyAtomicWithChange", testIdempotencyAtomicWithChange},
 		{"Tokens", testTokens},
+		{"ActiveSandboxLimit", testActiveLimit},
 		{"SurvivesReopen", testSurvivesReopen},
 	}
 	for _, tc := range tests {
@@ -70,7 +71,7 @@ func newSandbox(state sandbox.State) (*sandbox.Sandbox, *sandbox.Operation) {
 func mustCreate(t *testing.T, s store.Store, state sandbox.State) (*sandbox.Sandbox, *sandbox.Operation) {
 	t.Helper()
 	sb, op := newSandbox(state)
-	if err := s.CreateSandbox(context.Background(), sb, op, nil); err != nil {
+	if err := s.CreateSandbox(context.Background(), sb, op, nil, 0); err != nil {
 		t.Fatalf("CreateSandbox: %v", err)
 	}
 	return sb, op
@@ -149,9 +150,9 @@ func testDuplicateIDs(t *testing.T, open Opener) {
 	sb, op := mustCreate(t, s, sandbox.Starting)
 	op2 := *op
 	op2.ID = ids.New(ids.Operation)
-	wantKind(t, s.CreateSandbox(context.Background(), sb, &op2, nil), errdefs.Conflict)
+	wantKind(t, s.CreateSandbox(context.Background(), sb, &op2, nil, 0), errdefs.Conflict)
 	sb2, _ := newSandbox(sandbox.Starting)
-	wantKind(t, s.CreateSandbox(context.Background(), sb2, op, nil), errdefs.Conflict)
+	wantKind(t, s.CreateSandbox(context.Background(), sb2, op, nil, 0), errdefs.Conflict)
 	// The failed transaction left nothing behind.
 	if _, err := s.GetSandbox(context.Background(), sb2.ID); !errors.Is(err, errdefs.NotFound) {
 		t.Fatalf("sandbox of failed create exists: %v", err)
@@ -227,7 +228,7 @@ func testListUnderConcurrentInserts(t *testing.T, open Opener) {
 			default:
 			}
 			sb, op := newSandbox(sandbox.Running)
-			if err := s.CreateSandbox(context.Background(), sb, op, nil); err != nil {
+			if err := s.CreateSandbox(context.Background(), sb, op, nil, 0); err != nil {
 				t.Error(err)
 				return
 			}
@@ -467,14 +468,14 @@ func testIdempotencyAtomicWithChange(t *testing.T, open Opener) {
 	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "c", Fingerprint: "f", Owner: "o", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
 	sb, op := newSandbox(sandbox.Starting)
 	// A failing render aborts the whole change.
-	err := s.CreateSandbox(ctx, sb, op, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return nil, errors.New("render failed") }})
+	err := s.CreateSandbox(ctx, sb, op, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return nil, errors.New("render failed") }}, 0)
 	if err == nil {
 		t.Fatal("create succeeded with a failing render")
 	}
 	if _, err := s.GetSandbox(ctx, sb.ID); !errors.Is(err, errdefs.NotFound) {
 		t.Fatalf("sandbox stored despite failed completion: %v", err)
 	}
-	err = s.CreateSandbox(ctx, sb, op, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return []byte("ok"), nil }})
+	err = s.CreateSandbox(ctx, sb, op, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return []byte("ok"), nil }}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +485,7 @@ func testIdempotencyAtomicWithChange(t *testing.T, open Opener) {
 	}
 	// A completion for a key that is not in flight aborts the change too.
 	sb2, op2 := newSandbox(sandbox.Starting)
-	err = s.CreateSandbox(ctx, sb2, op2, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return []byte("again"), nil }})
+	err = s.CreateSandbox(ctx, sb2, op2, &store.Completion{Key: "c", Status: 202, Body: func() ([]byte, error) { return []byte("again"), nil }}, 0)
 	wantKind(t, err, errdefs.Conflict)
 	if _, err := s.GetSandbox(ctx, sb2.ID); !errors.Is(err, errdefs.NotFound) {
 		t.Fatalf("sandbox stored despite completed key: %v", err)
@@ -543,5 +544,23 @@ func testSurvivesReopen(t *testing.T, open Opener) {
 	rec, err := s.GetIdempotencyKey(ctx, "k")
 	if err != nil || rec.Status != 201 || string(rec.Body) != "b" {
 		t.Fatalf("idempotency record after reopen = %+v %v", rec, err)
+	}
+}
+
+func testActiveLimit(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	mustCreate(t, s, sandbox.Running)
+	_, failedOp := mustCreate(t, s, sandbox.Starting)
+	s.FinishOperation(ctx, store.Finish{OperationID: failedOp.ID, State: sandbox.OpFailed, SandboxState: sandbox.Failed, At: epoch})
+	sb, op := newSandbox(sandbox.Starting)
+	if err := s.CreateSandbox(ctx, sb, op, nil, 2); err != nil {
+		t.Fatalf("second active sandbox refused (failed ones must not count): %v", err)
+	}
+	sb, op = newSandbox(sandbox.Starting)
+	wantKind(t, s.CreateSandbox(ctx, sb, op, nil, 2), errdefs.ResourceExhausted)
+	if _, err := s.GetSandbox(ctx, sb.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatal("refused sandbox was stored")
 	}
 }
