@@ -1,0 +1,83 @@
+// Command space-agent runs inside a sandbox and serves the host over one
+// byte stream. See package internal/agent.
+//
+//	space-agent --connect unix:/run/space/agent.sock   dial the host's listener (redials when it drops)
+//	space-agent --connect file:/dev/virtio-ports/space.agent
+//	space-agent --connect stdio                         serve on stdin/stdout
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent"
+)
+
+func main() {
+	connect := flag.String("connect", "stdio", "how to reach the host: unix:PATH, file:PATH or stdio")
+	root := flag.String("root", "/", "confine file operations to this directory (tests)")
+	hostname := flag.String("hostname", "", "hostname to set when running as PID 1")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if os.Getpid() == 1 {
+		for _, err := range agent.InitSystem(*hostname) {
+			log.Warn("init", "err", err)
+		}
+	}
+	a, err := agent.New(agent.Config{Root: *root, Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "space-agent:", err)
+		os.Exit(1)
+	}
+	ctx := context.Background()
+	kind, target, _ := strings.Cut(*connect, ":")
+	switch kind {
+	case "stdio":
+		err := a.Serve(ctx, stdio{})
+		log.Info("host connection ended", "err", err)
+	case "unix", "file":
+		backoff := 10 * time.Millisecond
+		for {
+			conn, err := dial(kind, target)
+			if err != nil {
+				time.Sleep(backoff)
+				if backoff < time.Second {
+					backoff *= 2
+				}
+				continue
+			}
+			backoff = 10 * time.Millisecond
+			if err := a.Serve(ctx, conn); err != nil {
+				log.Warn("host connection ended", "err", err)
+			}
+			conn.Close()
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "space-agent: --connect %q: want unix:PATH, file:PATH or stdio\n", *connect)
+		os.Exit(2)
+	}
+	// As PID 1 the agent must never exit: the sandbox would die with it.
+	if os.Getpid() == 1 {
+		select {}
+	}
+}
+
+func dial(kind, target string) (io.ReadWriteCloser, error) {
+	if kind == "unix" {
+		return net.Dial("unix", target)
+	}
+	return os.OpenFile(target, os.O_RDWR, 0)
+}
+
+type stdio struct{}
+
+func (stdio) Read(p []byte) (int, error)  { return os.Stdin.Read(p) }
+func (stdio) Write(p []byte) (int, error) { return os.Stdout.Write(p) }
+func (stdio) Close() error                { return os.Stdin.Close() }

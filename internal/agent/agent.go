@@ -1,0 +1,363 @@
+// Package agent is space-agent, the program that runs inside every sandbox
+// (as PID 1 in a VM, as the container's init under gVisor). It serves the
+// host over one byte stream with the framed protocol of package proto: it
+// runs processes and keeps a bounded window of their output, serves file
+// operations, sets the clock and hostname, reseeds the RNG and flushes
+// filesystems when the host asks.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+)
+
+// Name identifies this agent build in Hello.
+const Name = "space-agent/1"
+
+// Config tunes the agent.
+type Config struct {
+	// Root confines file operations to a directory; "/" inside a sandbox.
+	// Tests running the agent as a host process give a temporary directory.
+	Root string
+	// RingBytes is each process's output window (≥ 1 MiB).
+	RingBytes int
+	// KeepExited is how long exited processes are remembered (≥ 15 min)
+	// and MaxExited how many at most.
+	KeepExited time.Duration
+	MaxExited  int
+	Logger     *slog.Logger
+}
+
+// Agent serves one sandbox.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	fs     fsys
+	reaper *reaper
+	writes *writes
+
+	mu    sync.Mutex // guards procs
+	procs map[string]*process
+}
+
+// New returns an agent.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Root == "" {
+		cfg.Root = "/"
+	}
+	if cfg.RingBytes < 1<<20 {
+		cfg.RingBytes = 2 << 20
+	}
+	if cfg.KeepExited < 15*time.Minute {
+		cfg.KeepExited = 15 * time.Minute
+	}
+	if cfg.MaxExited <= 0 {
+		cfg.MaxExited = 1024
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	fs, err := newFS(cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, log: cfg.Logger, fs: fs, reaper: newReaper(), writes: newWrites(), procs: map[string]*process{}}, nil
+}
+
+// Close stops the agent's background work (tests).
+func (a *Agent) Close() { a.reaper.close() }
+
+// Serve speaks the protocol on one connection until it fails or ctx ends.
+// Calls run concurrently; a call's context ends with the connection.
+func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { <-ctx.Done(); conn.Close() }()
+	r, w := proto.NewReader(conn), proto.NewWriter(conn)
+	f, err := r.Read()
+	if err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	var hello proto.Hello
+	if f.Type != proto.TypeHello || json.Unmarshal(f.Header, &hello) != nil {
+		return errors.New("first frame is not hello")
+	}
+	ver := 0
+	for _, v := range hello.Versions {
+		if v == proto.Version {
+			ver = v
+		}
+	}
+	if err := w.Write(proto.TypeHello, 0, proto.Hello{Version: ver, Agent: Name, Ready: ver != 0}, nil); err != nil {
+		return fmt.Errorf("write hello: %w", err)
+	}
+	if ver == 0 {
+		return fmt.Errorf("no protocol version in common with the host (host speaks %v)", hello.Versions)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		f, err := r.Read()
+		if err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if f.Type != proto.TypeCall {
+			return fmt.Errorf("unexpected frame type %d", f.Type)
+		}
+		var c proto.Call
+		if err := json.Unmarshal(f.Header, &c); err != nil {
+			w.Write(proto.TypeReply, f.ID, proto.Reply{Error: proto.Errorf(proto.CodeInvalidArgument, "malformed call")}, nil)
+			continue
+		}
+		wg.Add(1)
+		go func(id uint32, c proto.Call, blob []byte) {
+			defer wg.Done()
+			res, out, err := a.dispatch(ctx, c, blob)
+			rep := proto.Reply{}
+			if err != nil {
+				var pe *proto.Error
+				if !errors.As(err, &pe) {
+					pe = proto.Errorf(proto.CodeInternal, "%v", err)
+				}
+				rep.Error, out = pe, nil
+			} else if rep.Result, err = json.Marshal(res); err != nil {
+				rep.Error, out = proto.Errorf(proto.CodeInternal, "encode result: %v", err), nil
+			}
+			if err := w.Write(proto.TypeReply, id, rep, out); err != nil {
+				cancel()
+			}
+		}(f.ID, c, f.Blob)
+	}
+}
+
+func decode[T any](raw json.RawMessage) (T, error) {
+	var v T
+	if len(raw) == 0 {
+		return v, nil
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return v, proto.Errorf(proto.CodeInvalidArgument, "params: %v", err)
+	}
+	return v, nil
+}
+
+// dispatch runs one call and returns its result and blob.
+func (a *Agent) dispatch(ctx context.Context, c proto.Call, blob []byte) (any, []byte, error) {
+	switch c.Method {
+	case proto.MethodInfo:
+		return a.info(), nil, nil
+	case proto.MethodConfigure:
+		p, err := decode[proto.Configure](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := configure(p, blob); err != nil {
+			return nil, nil, err
+		}
+		return a.info(), nil, nil
+	case proto.MethodSync:
+		syncFilesystems()
+		return proto.Empty{}, nil, nil
+	case proto.MethodProcCreate:
+		p, err := decode[proto.ProcessSpec](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		st, err := a.create(p)
+		return st, nil, err
+	case proto.MethodProcStart:
+		p, err := decode[proto.ProcessRef](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		proc, err := a.lookup(p.ID)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.start(proc)
+		return proc.status(), nil, nil
+	case proto.MethodProcGet:
+		p, err := decode[proto.ProcessRef](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		proc, err := a.lookup(p.ID)
+		if err != nil {
+			return nil, nil, err
+		}
+		return proc.status(), nil, nil
+	case proto.MethodProcList:
+		return a.list(), nil, nil
+	case proto.MethodProcRead:
+		p, err := decode[proto.ReadRequest](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		return a.read(ctx, p)
+	case proto.MethodProcSignal:
+		p, err := decode[proto.SignalRequest](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		return proto.Empty{}, nil, a.signalProcess(ctx, p.ID, p.Signal)
+	case proto.MethodProcStdin, proto.MethodProcClose:
+		p, err := decode[proto.ProcessRef](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		return proto.Empty{}, nil, a.stdin(p.ID, blob, c.Method == proto.MethodProcClose)
+	case proto.MethodProcResize:
+		p, err := decode[proto.ResizeRequest](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		return proto.Empty{}, nil, a.resize(p)
+	}
+	return a.dispatchFile(ctx, c, blob)
+}
+
+func (a *Agent) info() proto.Info {
+	h, _ := os.Hostname()
+	return proto.Info{Agent: Name, Version: proto.Version, Hostname: h, PID: os.Getpid(), Init: os.Getpid() == 1, Now: time.Now().UTC()}
+}
+
+func (a *Agent) create(spec proto.ProcessSpec) (proto.Process, error) {
+	if spec.ID == "" || len(spec.ID) > 64 {
+		return proto.Process{}, proto.Errorf(proto.CodeInvalidArgument, "process id must be 1 to 64 characters")
+	}
+	if len(spec.Argv) == 0 || spec.Argv[0] == "" {
+		return proto.Process{}, proto.Errorf(proto.CodeInvalidArgument, "argv must name an executable")
+	}
+	if spec.Cwd != "" && spec.Cwd[0] != '/' {
+		return proto.Process{}, proto.Errorf(proto.CodeInvalidArgument, "cwd must be absolute")
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p, ok := a.procs[spec.ID]; ok {
+		// Creating the same session again (a host retry) is harmless.
+		return p.status(), nil
+	}
+	p := &process{spec: spec, out: newRing(a.cfg.RingBytes, 5*time.Second), state: proto.ProcPending, createdAt: time.Now().UTC()}
+	a.procs[spec.ID] = p
+	return p.status(), nil
+}
+
+func (a *Agent) lookup(id string) (*process, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p, ok := a.procs[id]
+	if !ok {
+		return nil, proto.Errorf(proto.CodeNotFound, "process %s not found", id)
+	}
+	return p, nil
+}
+
+func (a *Agent) list() proto.ProcessList {
+	a.mu.Lock()
+	ps := make([]*process, 0, len(a.procs))
+	for _, p := range a.procs {
+		ps = append(ps, p)
+	}
+	a.mu.Unlock()
+	out := proto.ProcessList{Items: []proto.Process{}}
+	for _, p := range ps {
+		if st := p.status(); st.State == proto.ProcRunning {
+			out.Items = append(out.Items, st)
+		}
+	}
+	sort.Slice(out.Items, func(i, j int) bool { return out.Items[i].CreatedAt.Before(out.Items[j].CreatedAt) })
+	return out
+}
+
+// forgetOld drops exited processes older than KeepExited, and the oldest
+// exited ones beyond MaxExited.
+func (a *Agent) forgetOld() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	type ex struct {
+		id string
+		at time.Time
+	}
+	var exited []ex
+	now := time.Now()
+	for id, p := range a.procs {
+		st := p.status()
+		if st.State != proto.ProcExited || st.ExitedAt == nil {
+			continue
+		}
+		if now.Sub(*st.ExitedAt) > a.cfg.KeepExited {
+			delete(a.procs, id)
+			continue
+		}
+		exited = append(exited, ex{id, *st.ExitedAt})
+	}
+	if len(exited) > a.cfg.MaxExited {
+		sort.Slice(exited, func(i, j int) bool { return exited[i].at.Before(exited[j].at) })
+		for _, e := range exited[:len(exited)-a.cfg.MaxExited] {
+			delete(a.procs, e.id)
+		}
+	}
+}
+
+func (a *Agent) read(ctx context.Context, req proto.ReadRequest) (any, []byte, error) {
+	p, err := a.lookup(req.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if req.MaxBytes <= 0 || req.MaxBytes > proto.MaxBlob {
+		req.MaxBytes = proto.MaxBlob
+	}
+	if req.Wait > 30*time.Second {
+		req.Wait = 30 * time.Second
+	}
+	resync, cs, exhausted := p.out.read(ctx, req.After, req.MaxBytes, req.Wait, req.Subscriber)
+	res, blob := toResult(resync, cs)
+	if exhausted {
+		st := p.status()
+		res.Exited = &st
+	}
+	return res, blob, nil
+}
+
+func (a *Agent) stdin(id string, data []byte, closeIt bool) error {
+	p, err := a.lookup(id)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	w, state := p.stdin, p.state
+	p.mu.Unlock()
+	if !p.spec.Stdin {
+		return proto.Errorf(proto.CodeFailedPrecondition, "process %s was created without stdin", id)
+	}
+	if state != proto.ProcRunning || w == nil {
+		return proto.Errorf(proto.CodeFailedPrecondition, "process %s is %s", id, state)
+	}
+	if len(data) > 0 {
+		if _, err := w.Write(data); err != nil {
+			return proto.Errorf(proto.CodeFailedPrecondition, "stdin: %v", err)
+		}
+	}
+	if closeIt {
+		if p.spec.PTY != nil {
+			// A terminal has no separate stdin to close: send end-of-file.
+			_, err = w.Write([]byte{4})
+			return err
+		}
+		w.Close()
+	}
+	return nil
+}

@@ -1,0 +1,407 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent"
+	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/agentclient"
+)
+
+// These tests run the agent as a HOST PROCESS (not in a sandbox) and talk to
+// it over a real unix socket pair, so its protocol, processes and files are
+// tested before any runtime exists.
+
+func socketPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(fd int) net.Conn {
+		f := os.NewFile(uintptr(fd), "sock")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	return mk(fds[0]), mk(fds[1])
+}
+
+func startAgentOnHost(t *testing.T) (*agentclient.Client, string) {
+	t.Helper()
+	root := t.TempDir()
+	a, err := agent.New(agent.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostSide, agentSide := socketPair(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.Serve(ctx, agentSide); close(done) }()
+	c, err := agentclient.Dial(ctx, hostSide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); cancel(); <-done; a.Close() })
+	if !c.Hello().Ready {
+		t.Fatal("agent not ready")
+	}
+	return c, root
+}
+
+type result struct {
+	stdout, stderr bytes.Buffer
+	exited         *proto.Process
+	resyncs        int
+}
+
+// run creates, starts and reads a process to the end.
+func run(t *testing.T, c *agentclient.Client, spec proto.ProcessSpec) *result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if spec.ID == "" {
+		spec.ID = "p" + strings.ReplaceAll(t.Name(), "/", "_") + time.Now().Format("150405.000000000")
+	}
+	if _, err := c.CreateProcess(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartProcess(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	return drain(t, ctx, c, spec.ID, 0)
+}
+
+func drain(t *testing.T, ctx context.Context, c *agentclient.Client, id string, after uint64) *result {
+	t.Helper()
+	res := &result{}
+	for {
+		out, err := c.ReadOutput(ctx, id, after, 1<<20, 5*time.Second, "test")
+		if err != nil {
+			t.Fatalf("read output: %v", err)
+		}
+		if out.Resync {
+			res.resyncs++
+		}
+		off := 0
+		for _, ch := range out.Chunks {
+			if ch.Seq <= after && !out.Resync {
+				t.Fatalf("chunk %d repeated after %d", ch.Seq, after)
+			}
+			data := out.Data[off : off+ch.Len]
+			off += ch.Len
+			if ch.Stream == proto.Stderr {
+				res.stderr.Write(data)
+			} else {
+				res.stdout.Write(data)
+			}
+			after = ch.Seq
+		}
+		if out.Exited != nil {
+			res.exited = out.Exited
+			return res
+		}
+	}
+}
+
+func exitCode(t *testing.T, r *result) int {
+	t.Helper()
+	if r.exited == nil || r.exited.ExitCode == nil {
+		t.Fatalf("no exit recorded: %+v", r.exited)
+	}
+	return *r.exited.ExitCode
+}
+
+func TestAgentOnHostSeedCommand(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	r := run(t, c, proto.ProcessSpec{Argv: []string{"sh", "-c", `printf '%s\n' "$GREETING"; pwd`}, Cwd: "/tmp", Env: map[string]string{"GREETING": "Hello from SPACE"}})
+	if got := r.stdout.String(); got != "Hello from SPACE\n/tmp\n" || r.stderr.Len() != 0 || exitCode(t, r) != 0 {
+		t.Fatalf("stdout %q stderr %q code %d", got, r.stderr.String(), exitCode(t, r))
+	}
+}
+
+func TestAgentOnHostExitCodesAndStreams(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	r := run(t, c, proto.ProcessSpec{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 7"}})
+	if r.stdout.String() != "out\n" || r.stderr.String() != "err\n" || exitCode(t, r) != 7 {
+		t.Fatalf("stdout %q stderr %q code %d", r.stdout.String(), r.stderr.String(), exitCode(t, r))
+	}
+}
+
+func TestAgentOnHostStartFailures(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	plain := filepath.Join(t.TempDir(), "not-executable")
+	os.WriteFile(plain, []byte("data"), 0o644)
+	script := filepath.Join(t.TempDir(), "garbage")
+	os.WriteFile(script, []byte{0x7f, 'E', 'L', 'F', 0, 0}, 0o755)
+	for _, tc := range []struct {
+		spec proto.ProcessSpec
+		code int
+		err  string
+	}{
+		{proto.ProcessSpec{Argv: []string{"/no/such/binary"}}, 127, "executable_not_found"},
+		{proto.ProcessSpec{Argv: []string{"no-such-command-anywhere"}}, 127, "executable_not_found"},
+		{proto.ProcessSpec{Argv: []string{plain}}, 126, "executable_not_executable"},
+		{proto.ProcessSpec{Argv: []string{script}}, 126, "executable_not_executable"},
+		{proto.ProcessSpec{Argv: []string{"true"}, Cwd: "/no/such/dir"}, 125, "cwd_not_found"},
+	} {
+		r := run(t, c, tc.spec)
+		if exitCode(t, r) != tc.code || r.exited.Error == nil || r.exited.Error.Code != tc.err {
+			t.Errorf("%v: code %d error %+v", tc.spec.Argv, exitCode(t, r), r.exited.Error)
+		}
+	}
+	// Invalid specs are call errors.
+	ctx := context.Background()
+	var pe *proto.Error
+	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: "x"}); !errors.As(err, &pe) || pe.Code != proto.CodeInvalidArgument {
+		t.Fatalf("empty argv = %v", err)
+	}
+	if _, err := c.StartProcess(ctx, "never-made"); !errors.As(err, &pe) || pe.Code != proto.CodeNotFound {
+		t.Fatalf("start unknown = %v", err)
+	}
+}
+
+func TestAgentOnHostTimeoutKillsGroup(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	start := time.Now()
+	r := run(t, c, proto.ProcessSpec{Argv: []string{"sh", "-c", "sleep 30 & sleep 30; echo never"}, Timeout: 300 * time.Millisecond})
+	if time.Since(start) > 10*time.Second {
+		t.Fatal("timeout did not kill the process group")
+	}
+	if r.exited.Error == nil || r.exited.Error.Code != "timeout" || exitCode(t, r) != 128+9 || strings.Contains(r.stdout.String(), "never") {
+		t.Fatalf("timed out process = %+v", r.exited)
+	}
+}
+
+func TestAgentOnHostStdinAndSignals(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	ctx := context.Background()
+	c.CreateProcess(ctx, proto.ProcessSpec{ID: "cat", Argv: []string{"cat"}, Stdin: true})
+	c.StartProcess(ctx, "cat")
+	if err := c.Stdin(ctx, "cat", []byte("round trip\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseStdin(ctx, "cat"); err != nil {
+		t.Fatal(err)
+	}
+	r := drain(t, ctx, c, "cat", 0)
+	if r.stdout.String() != "round trip\n" || exitCode(t, r) != 0 {
+		t.Fatalf("cat = %q %d", r.stdout.String(), exitCode(t, r))
+	}
+	for _, sig := range []string{"SIGTERM", "SIGKILL"} {
+		id := "sleep-" + sig
+		c.CreateProcess(ctx, proto.ProcessSpec{ID: id, Argv: []string{"sleep", "60"}})
+		c.StartProcess(ctx, id)
+		list, _ := c.ListProcesses(ctx)
+		found := false
+		for _, p := range list {
+			found = found || p.ID == id
+		}
+		if !found {
+			t.Fatalf("%s not listed as running", id)
+		}
+		if err := c.Signal(ctx, id, sig); err != nil {
+			t.Fatal(err)
+		}
+		r := drain(t, ctx, c, id, 0)
+		if r.exited.Signal != sig {
+			t.Fatalf("%s: exited %+v", sig, r.exited)
+		}
+	}
+	var pe *proto.Error
+	if err := c.Signal(ctx, "cat", "SIGBOGUS"); !errors.As(err, &pe) || pe.Code != proto.CodeInvalidArgument {
+		t.Fatalf("bogus signal = %v", err)
+	}
+}
+
+func TestAgentOnHostPTY(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	r := run(t, c, proto.ProcessSpec{Argv: []string{"sh", "-c", "tty; stty size"}, PTY: &proto.PTY{Cols: 100, Rows: 40}})
+	out := r.stdout.String()
+	if !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "40 100") || exitCode(t, r) != 0 {
+		t.Fatalf("pty output %q", out)
+	}
+}
+
+// 100 MiB through a 2 MiB window loses nothing while a subscriber reads.
+func TestAgentOnHostLargeOutputIntact(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	r := run(t, c, proto.ProcessSpec{Argv: []string{"sh", "-c", "head -c 104857600 /dev/urandom > /tmp/space-agent-test-out; sha256sum /tmp/space-agent-test-out >&2; cat /tmp/space-agent-test-out"}})
+	defer os.Remove("/tmp/space-agent-test-out")
+	sum := sha256.Sum256(r.stdout.Bytes())
+	if r.stdout.Len() != 100<<20 || r.resyncs != 0 || !strings.HasPrefix(r.stderr.String(), hexs(sum[:])) {
+		t.Fatalf("got %d bytes, %d resyncs, sum %x vs %q", r.stdout.Len(), r.resyncs, sum, r.stderr.String())
+	}
+}
+
+func hexs(b []byte) string {
+	const h = "0123456789abcdef"
+	var s strings.Builder
+	for _, x := range b {
+		s.WriteByte(h[x>>4])
+		s.WriteByte(h[x&15])
+	}
+	return s.String()
+}
+
+// Reading again from a point resumes exactly there; a reader that falls out
+// of the window gets a resync.
+func TestAgentOnHostResumeAndResync(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	ctx := context.Background()
+	c.CreateProcess(ctx, proto.ProcessSpec{ID: "seq", Argv: []string{"sh", "-c", "for i in 1 2 3 4 5; do echo $i; sleep 0.05; done"}})
+	c.StartProcess(ctx, "seq")
+	full := drain(t, ctx, c, "seq", 0)
+	if full.stdout.String() != "1\n2\n3\n4\n5\n" {
+		t.Fatalf("full = %q", full.stdout.String())
+	}
+	again := drain(t, ctx, c, "seq", 2)
+	if again.stdout.String() != "3\n4\n5\n" || again.resyncs != 0 {
+		t.Fatalf("resume after 2 = %q", again.stdout.String())
+	}
+	// 3 MiB into a 2 MiB window with nobody reading: the start is evicted.
+	c.CreateProcess(ctx, proto.ProcessSpec{ID: "big", Argv: []string{"head", "-c", "3145728", "/dev/zero"}})
+	c.StartProcess(ctx, "big")
+	for {
+		p, _ := c.GetProcess(ctx, "big")
+		if p.State == proto.ProcExited {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	late := drain(t, ctx, c, "big", 0)
+	if late.resyncs != 1 || late.stdout.Len() >= 3<<20 || late.stdout.Len() < 1<<20 {
+		t.Fatalf("late reader: %d resyncs, %d bytes", late.resyncs, late.stdout.Len())
+	}
+}
+
+func TestAgentOnHostFiles(t *testing.T) {
+	c, root := startAgentOnHost(t)
+	ctx := context.Background()
+	data := make([]byte, 3<<20+17)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	e, err := c.WriteFile(ctx, "/a/b/c.bin", 0o640, bytes.NewReader(data), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Type != "file" || e.Size != int64(len(data)) || e.Mode != "0640" {
+		t.Fatalf("entry = %+v", e)
+	}
+	onDisk, _ := os.ReadFile(filepath.Join(root, "a/b/c.bin"))
+	if !bytes.Equal(onDisk, data) {
+		t.Fatal("file on disk differs")
+	}
+	var got []byte
+	for off := int64(0); ; {
+		res, b, err := c.ReadFile(ctx, "/a/b/c.bin", off, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b...)
+		off += int64(len(b))
+		if res.EOF {
+			break
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("read back differs")
+	}
+	if _, err := c.Mkdir(ctx, "/d/e", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Move(ctx, "/a/b/c.bin", "/d/e/moved.bin"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.List(ctx, "/", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, it := range l.Items {
+		paths = append(paths, it.Path)
+	}
+	if strings.Join(paths, ",") != "/a,/a/b,/d,/d/e,/d/e/moved.bin" {
+		t.Fatalf("list = %v", paths)
+	}
+	if err := c.Remove(ctx, "/d", false); err == nil {
+		t.Fatal("non-recursive remove of a non-empty dir succeeded")
+	}
+	if err := c.Remove(ctx, "/d", true); err != nil {
+		t.Fatal(err)
+	}
+	var pe *proto.Error
+	if _, err := c.Stat(ctx, "/d"); !errors.As(err, &pe) || pe.Code != proto.CodeNotFound {
+		t.Fatalf("stat removed = %v", err)
+	}
+	if _, err := c.Stat(ctx, "relative"); !errors.As(err, &pe) || pe.Code != proto.CodeInvalidArgument {
+		t.Fatalf("relative path = %v", err)
+	}
+	// No temporary files left behind.
+	left, _ := filepath.Glob(filepath.Join(root, "a/b/.*"))
+	if len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
+}
+
+// ".." never climbs out of the root and symlinks cannot lead outside it.
+func TestAgentOnHostPathsStayInside(t *testing.T) {
+	c, root := startAgentOnHost(t)
+	ctx := context.Background()
+	outside := filepath.Join(filepath.Dir(root), "outside-"+filepath.Base(root))
+	os.WriteFile(outside, []byte("host secret"), 0o600)
+	defer os.Remove(outside)
+	if _, err := c.WriteFile(ctx, "/../../../"+filepath.Base(outside), 0, strings.NewReader("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "host secret" {
+		t.Fatal("a .. path wrote outside the root")
+	}
+	if _, err := os.Stat(filepath.Join(root, filepath.Base(outside))); err != nil {
+		t.Fatal(".. path did not land inside the root")
+	}
+	os.Symlink(filepath.Dir(root), filepath.Join(root, "escape"))
+	os.Symlink("/etc", filepath.Join(root, "etc-link"))
+	for _, p := range []string{"/escape/" + filepath.Base(outside), "/etc-link/hostname"} {
+		if _, b, err := c.ReadFile(ctx, p, 0, 100); err == nil {
+			t.Fatalf("read through symlink %s escaped: %q", p, b)
+		}
+		if _, err := c.WriteFile(ctx, p, 0, strings.NewReader("pwned"), 0); err == nil {
+			t.Fatalf("write through symlink %s escaped", p)
+		}
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "host secret" {
+		t.Fatal("a symlink write reached outside the root")
+	}
+}
+
+func TestAgentOnHostVersionMismatch(t *testing.T) {
+	a, _ := agent.New(agent.Config{Root: t.TempDir()})
+	defer a.Close()
+	h, g := socketPair(t)
+	errc := make(chan error, 1)
+	go func() { errc <- a.Serve(context.Background(), g) }()
+	w, r := proto.NewWriter(h), proto.NewReader(h)
+	w.Write(proto.TypeHello, 0, proto.Hello{Versions: []int{99}}, nil)
+	f, err := r.Read()
+	if err != nil || !strings.Contains(string(f.Header), `"agent"`) || strings.Contains(string(f.Header), `"ready":true`) {
+		t.Fatalf("hello answer = %s %v", f.Header, err)
+	}
+	if err := <-errc; err == nil {
+		t.Fatal("agent accepted a host with no common version")
+	}
+}

@@ -1,0 +1,339 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+)
+
+// process is one command session: created pending, started on first
+// attach, remembered after exit.
+type process struct {
+	spec proto.ProcessSpec
+	out  *ring
+
+	mu        sync.Mutex // guards the fields below
+	state     string
+	pid       int
+	exitCode  *int
+	signal    string
+	err       *proto.Error
+	createdAt time.Time
+	startedAt *time.Time
+	exitedAt  *time.Time
+	stdin     io.WriteCloser // nil without stdin
+	ptmx      *os.File       // nil without a PTY
+	timedOut  bool
+}
+
+func (p *process) status() proto.Process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return proto.Process{ID: p.spec.ID, State: p.state, Argv: p.spec.Argv, Cwd: p.spec.Cwd, PID: p.pid, PTY: p.spec.PTY != nil,
+		Tag: p.spec.Tag, ExitCode: p.exitCode, Signal: p.signal, Error: p.err, CreatedAt: p.createdAt, StartedAt: p.startedAt, ExitedAt: p.exitedAt}
+}
+
+// Exit codes for processes that could not start (as shells use them).
+const (
+	exitNotExecutable = 126
+	exitNotFound      = 127
+	exitStartFailed   = 125
+)
+
+// fail records that the process could not start.
+func (p *process) fail(code int, e *proto.Error) {
+	now := time.Now().UTC()
+	p.mu.Lock()
+	p.state, p.exitCode, p.err, p.exitedAt = proto.ProcExited, &code, e, &now
+	if p.startedAt == nil {
+		p.startedAt = &now
+	}
+	p.mu.Unlock()
+	p.out.append(proto.Stderr, []byte("space-agent: "+e.Message+"\n"))
+	p.out.close()
+}
+
+// start forks the process. Problems with the command itself (missing
+// executable or cwd) end the process with an error; they are not errors of
+// the call.
+func (a *Agent) start(p *process) {
+	p.mu.Lock()
+	if p.state != proto.ProcPending {
+		p.mu.Unlock()
+		return
+	}
+	p.state = proto.ProcRunning
+	now := time.Now().UTC()
+	p.startedAt = &now
+	p.mu.Unlock()
+
+	spec := p.spec
+	env := a.environ(spec)
+	if spec.Cwd != "" {
+		if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
+			p.fail(exitStartFailed, proto.Errorf("cwd_not_found", "working directory %s does not exist", spec.Cwd))
+			return
+		}
+	}
+	path, err := lookPath(spec.Argv[0], env)
+	if err != nil {
+		code, ecode := exitNotFound, "executable_not_found"
+		if errors.Is(err, os.ErrPermission) {
+			code, ecode = exitNotExecutable, "executable_not_executable"
+		}
+		p.fail(code, proto.Errorf(ecode, "%s: %v", spec.Argv[0], err))
+		return
+	}
+	cmd := exec.Command(path)
+	cmd.Args = spec.Argv
+	cmd.Env = env
+	cmd.Dir = spec.Cwd
+	var readers []*os.File
+	var closeAfterStart []*os.File
+	if spec.PTY != nil {
+		ptmx, tty, err := pty.Open()
+		if err != nil {
+			p.fail(exitStartFailed, proto.Errorf("start_failed", "open pty: %v", err))
+			return
+		}
+		pty.Setsize(ptmx, &pty.Winsize{Cols: spec.PTY.Cols, Rows: spec.PTY.Rows})
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		readers = append(readers, ptmx)
+		closeAfterStart = append(closeAfterStart, tty)
+		p.mu.Lock()
+		p.ptmx = ptmx
+		if spec.Stdin {
+			p.stdin = ptmx
+		}
+		p.mu.Unlock()
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		for _, dst := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
+			r, w, err := os.Pipe()
+			if err != nil {
+				p.fail(exitStartFailed, proto.Errorf("start_failed", "pipe: %v", err))
+				return
+			}
+			*dst = w
+			readers = append(readers, r)
+			closeAfterStart = append(closeAfterStart, w)
+		}
+		if spec.Stdin {
+			r, w, err := os.Pipe()
+			if err != nil {
+				p.fail(exitStartFailed, proto.Errorf("start_failed", "pipe: %v", err))
+				return
+			}
+			cmd.Stdin = r
+			closeAfterStart = append(closeAfterStart, r)
+			p.mu.Lock()
+			p.stdin = w
+			p.mu.Unlock()
+		}
+	}
+	exited, err := a.reaper.start(func() (int, error) {
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
+	for _, f := range closeAfterStart {
+		f.Close()
+	}
+	if err != nil {
+		for _, f := range readers {
+			f.Close()
+		}
+		if errors.Is(err, syscall.ENOEXEC) || errors.Is(err, syscall.EACCES) {
+			p.fail(exitNotExecutable, proto.Errorf("executable_not_executable", "%s: %v", spec.Argv[0], err))
+			return
+		}
+		p.fail(exitStartFailed, proto.Errorf("start_failed", "%v", err))
+		return
+	}
+	pid := cmd.Process.Pid
+	cmd.Process.Release()
+	p.mu.Lock()
+	p.pid = pid
+	p.mu.Unlock()
+	a.log.Info("process started", "process_id", spec.ID, "pid", pid)
+
+	var wg sync.WaitGroup
+	streams := []string{proto.Stdout, proto.Stderr}
+	for i, f := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pump(f, streams[i], p.out)
+		}()
+	}
+	var timer *time.Timer
+	if spec.Timeout > 0 {
+		timer = time.AfterFunc(spec.Timeout, func() {
+			p.mu.Lock()
+			p.timedOut = true
+			p.mu.Unlock()
+			syscall.Kill(-pid, syscall.SIGKILL)
+		})
+	}
+	go func() {
+		st := <-exited
+		if timer != nil {
+			timer.Stop()
+		}
+		// Let the readers drain what the process wrote; a background child
+		// that keeps the pipe open gets a short grace, then loses it.
+		drained := make(chan struct{})
+		go func() { wg.Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-time.After(time.Second):
+			for _, f := range readers {
+				f.Close()
+			}
+			<-drained
+		}
+		for _, f := range readers {
+			f.Close()
+		}
+		now := time.Now().UTC()
+		code := st.ExitStatus()
+		p.mu.Lock()
+		if st.Signaled() {
+			code = 128 + int(st.Signal())
+			p.signal = signalName(st.Signal())
+		}
+		if p.timedOut {
+			p.err = proto.Errorf("timeout", "process exceeded its timeout of %s and was killed", spec.Timeout)
+		}
+		p.state, p.exitCode, p.exitedAt = proto.ProcExited, &code, &now
+		if p.stdin != nil {
+			p.stdin.Close()
+		}
+		p.mu.Unlock()
+		p.out.close()
+		a.log.Info("process exited", "process_id", spec.ID, "pid", pid, "exit_code", code)
+		a.forgetOld()
+	}()
+}
+
+// pump copies a stream into the ring, one chunk per read.
+func pump(f *os.File, stream string, out *ring) {
+	for {
+		buf := make([]byte, 32<<10)
+		n, err := f.Read(buf)
+		if n > 0 {
+			out.append(stream, buf[:n:n])
+		}
+		if err != nil {
+			return // EOF, or EIO from a PTY whose last slave closed
+		}
+	}
+}
+
+func (a *Agent) environ(spec proto.ProcessSpec) []string {
+	m := map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	if spec.PTY != nil {
+		m["TERM"] = "xterm-256color"
+	}
+	for k, v := range spec.Env {
+		m[k] = v
+	}
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// lookPath resolves an executable like a shell, with the process's PATH.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		fi, err := os.Stat(name)
+		if err != nil {
+			return "", errors.New("no such file")
+		}
+		if fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return "", os.ErrPermission
+		}
+		return name, nil
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range strings.Split(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		cand := dir + "/" + name
+		if fi, err := os.Stat(cand); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return cand, nil
+		}
+	}
+	return "", errors.New("executable file not found in PATH")
+}
+
+var signals = map[string]syscall.Signal{
+	"SIGHUP": syscall.SIGHUP, "SIGINT": syscall.SIGINT, "SIGQUIT": syscall.SIGQUIT, "SIGKILL": syscall.SIGKILL,
+	"SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGTERM": syscall.SIGTERM, "SIGCONT": syscall.SIGCONT,
+	"SIGSTOP": syscall.SIGSTOP, "SIGTSTP": syscall.SIGTSTP, "SIGWINCH": syscall.SIGWINCH, "SIGALRM": syscall.SIGALRM,
+}
+
+// ParseSignal maps "SIGTERM" or "TERM" to the signal.
+func ParseSignal(s string) (syscall.Signal, bool) {
+	s = strings.ToUpper(s)
+	if !strings.HasPrefix(s, "SIG") {
+		s = "SIG" + s
+	}
+	sig, ok := signals[s]
+	return sig, ok
+}
+
+func signalName(sig syscall.Signal) string {
+	for n, s := range signals {
+		if s == sig {
+			return n
+		}
+	}
+	return sig.String()
+}
+
+func (a *Agent) signalProcess(ctx context.Context, id, name string) error {
+	p, err := a.lookup(id)
+	if err != nil {
+		return err
+	}
+	sig, ok := ParseSignal(name)
+	if !ok {
+		return proto.Errorf(proto.CodeInvalidArgument, "unknown signal %q", name)
+	}
+	p.mu.Lock()
+	state, pid := p.state, p.pid
+	p.mu.Unlock()
+	if state != proto.ProcRunning {
+		return proto.Errorf(proto.CodeFailedPrecondition, "process %s is %s", id, state)
+	}
+	if err := syscall.Kill(-pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return proto.Errorf(proto.CodeInternal, "signal: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package agent
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+)
+
+// chunk is one read of a process's output.
+type chunk struct {
+	seq    uint64
+	stream string
+	data   []byte
+}
+
+// ring keeps a bounded window of a process's recent output. Chunks are
+// numbered from 1. While a subscriber keeps reading, output it has not read
+// is never evicted: the producer waits instead (so an attached client loses
+// nothing); a subscriber that stops reading for subTTL no longer holds the
+// producer back.
+type ring struct {
+	capBytes int
+	subTTL   time.Duration
+
+	mu     sync.Mutex // guards everything below
+	chunks []chunk    // retained, ascending seq
+	size   int
+	next   uint64 // seq of the next chunk
+	done   bool   // no more output will arrive
+	notify chan struct{}
+	subs   map[string]*subscriber
+}
+
+type subscriber struct {
+	acked uint64 // every chunk ≤ acked has been delivered
+	seen  time.Time
+}
+
+func newRing(capBytes int, subTTL time.Duration) *ring {
+	return &ring{capBytes: capBytes, subTTL: subTTL, next: 1, notify: make(chan struct{}), subs: map[string]*subscriber{}}
+}
+
+// changedLocked wakes every waiter. Precondition: r.mu held.
+func (r *ring) changedLocked() {
+	close(r.notify)
+	r.notify = make(chan struct{})
+}
+
+// neededLocked reports whether an active subscriber still needs seq.
+// Precondition: r.mu held.
+func (r *ring) neededLocked(seq uint64, now time.Time) bool {
+	needed := false
+	for id, s := range r.subs {
+		if now.Sub(s.seen) > r.subTTL {
+			delete(r.subs, id)
+			continue
+		}
+		if s.acked < seq {
+			needed = true
+		}
+	}
+	return needed
+}
+
+// append adds a chunk (data is retained; the caller must not reuse it),
+// evicting old output, or waiting while an active subscriber still needs it.
+func (r *ring) append(stream string, data []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.size+len(data) > r.capBytes && len(r.chunks) > 0 {
+		if !r.neededLocked(r.chunks[0].seq, time.Now()) {
+			r.size -= len(r.chunks[0].data)
+			r.chunks[0] = chunk{}
+			r.chunks = r.chunks[1:]
+			continue
+		}
+		ch := r.notify
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(r.subTTL / 4):
+		}
+		r.mu.Lock()
+	}
+	r.chunks = append(r.chunks, chunk{seq: r.next, stream: stream, data: data})
+	r.size += len(data)
+	r.next++
+	r.changedLocked()
+}
+
+// close records that no more output will arrive.
+func (r *ring) close() {
+	r.mu.Lock()
+	r.done = true
+	r.changedLocked()
+	r.mu.Unlock()
+}
+
+// read returns chunks after `after`, up to maxBytes (at least one chunk),
+// waiting up to wait for some. exhausted is true when every chunk has been
+// returned and no more will come.
+func (r *ring) read(ctx context.Context, after uint64, maxBytes int, wait time.Duration, sub string) (resync bool, out []chunk, exhausted bool) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		now := time.Now()
+		if sub != "" {
+			s := r.subs[sub]
+			if s == nil {
+				s = &subscriber{}
+				r.subs[sub] = s
+			}
+			s.acked, s.seen = after, now
+			r.changedLocked() // the producer may be waiting for this ack
+		}
+		first := r.next
+		if len(r.chunks) > 0 {
+			first = r.chunks[0].seq
+		}
+		// Output between after and the oldest retained chunk is gone, or the
+		// client names a chunk that never existed.
+		if after+1 < first || after >= r.next {
+			if !(after == 0 && first == 1) && !(after == r.next-1) {
+				resync = true
+				after = first - 1
+			}
+		}
+		n := 0
+		for _, c := range r.chunks {
+			if c.seq <= after {
+				continue
+			}
+			if len(out) > 0 && n+len(c.data) > maxBytes {
+				break
+			}
+			out = append(out, c)
+			n += len(c.data)
+		}
+		if len(out) > 0 || resync {
+			return resync, out, false
+		}
+		if r.done {
+			return false, nil, true
+		}
+		ch := r.notify
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			r.mu.Lock()
+			return false, nil, false
+		case <-ctx.Done():
+			r.mu.Lock()
+			return false, nil, false
+		}
+		r.mu.Lock()
+	}
+}
+
+// toResult packs chunks into a read result and its blob.
+func toResult(resync bool, cs []chunk) (proto.ReadResult, []byte) {
+	res := proto.ReadResult{Resync: resync, Chunks: make([]proto.Chunk, 0, len(cs))}
+	size := 0
+	for _, c := range cs {
+		size += len(c.data)
+	}
+	blob := make([]byte, 0, size)
+	for _, c := range cs {
+		res.Chunks = append(res.Chunks, proto.Chunk{Seq: c.seq, Stream: c.stream, Len: len(c.data)})
+		blob = append(blob, c.data...)
+	}
+	return res, blob
+}

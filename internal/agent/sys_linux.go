@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"os"
+	"syscall"
+	"unsafe"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+)
+
+// configure applies a host's Configure: hostname, clock and entropy.
+func configure(c proto.Configure, entropy []byte) error {
+	if c.Hostname != "" {
+		if len(c.Hostname) > 64 {
+			return proto.Errorf(proto.CodeInvalidArgument, "hostname longer than 64 bytes")
+		}
+		if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
+			return proto.Errorf(proto.CodePermissionDenied, "set hostname: %v", err)
+		}
+	}
+	if c.UnixNano != 0 {
+		tv := unix.NsecToTimeval(c.UnixNano)
+		if err := unix.Settimeofday(&tv); err != nil {
+			return proto.Errorf(proto.CodePermissionDenied, "set clock: %v", err)
+		}
+	}
+	if len(entropy) > 0 {
+		if err := addEntropy(entropy); err != nil {
+			return proto.Errorf(proto.CodeInternal, "reseed RNG: %v", err)
+		}
+	}
+	return nil
+}
+
+// addEntropy mixes bytes into the kernel pool and credits them
+// (RNDADDENTROPY), so the guest's RNG diverges from every other copy of the
+// same snapshot. Without the privilege to credit, the bytes are still mixed
+// in by a plain write.
+func addEntropy(b []byte) error {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if len(b) > 512 {
+		b = b[:512]
+	}
+	buf := make([]byte, 8+len(b))
+	*(*int32)(unsafe.Pointer(&buf[0])) = int32(len(b) * 8) // entropy_count (bits)
+	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(b))     // buf_size
+	copy(buf[8:], b)
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0])))
+	if errno != 0 {
+		_, err = f.Write(b)
+		return err
+	}
+	return nil
+}
+
+func syncFilesystems() { unix.Sync() }
+
+func (a *Agent) resize(r proto.ResizeRequest) error {
+	p, err := a.lookup(r.ID)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	ptmx := p.ptmx
+	p.mu.Unlock()
+	if ptmx == nil {
+		return proto.Errorf(proto.CodeFailedPrecondition, "process %s has no terminal", r.ID)
+	}
+	if r.Cols == 0 || r.Rows == 0 {
+		return proto.Errorf(proto.CodeInvalidArgument, "cols and rows must be positive")
+	}
+	if err := pty.Setsize(ptmx, &pty.Winsize{Cols: r.Cols, Rows: r.Rows}); err != nil {
+		return proto.Errorf(proto.CodeInternal, "resize: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+// Package agentclient is the host's side of the agent protocol: it opens a
+// connection with the version handshake, multiplexes concurrent calls over
+// it, and offers typed methods for everything the agent serves.
+package agentclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+)
+
+// ErrClosed reports that the connection to the agent is gone.
+var ErrClosed = errors.New("agent connection closed")
+
+// Client is one connection to an agent. Safe for concurrent use.
+type Client struct {
+	conn  io.ReadWriteCloser
+	w     *proto.Writer
+	hello proto.Hello
+
+	mu      sync.Mutex // guards nextID, pending, err
+	nextID  uint32
+	pending map[uint32]chan proto.Frame
+	err     error
+	done    chan struct{}
+}
+
+// Dial performs the handshake on conn and starts reading replies. The
+// client owns conn from then on.
+func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
+	r, w := proto.NewReader(conn), proto.NewWriter(conn)
+	type result struct {
+		h   proto.Hello
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		if err := w.Write(proto.TypeHello, 0, proto.Hello{Versions: []int{proto.Version}}, nil); err != nil {
+			res <- result{err: err}
+			return
+		}
+		f, err := r.Read()
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		var h proto.Hello
+		if f.Type != proto.TypeHello || json.Unmarshal(f.Header, &h) != nil {
+			res <- result{err: errors.New("agent did not answer with hello")}
+			return
+		}
+		res <- result{h: h}
+	}()
+	var rr result
+	select {
+	case rr = <-res:
+	case <-ctx.Done():
+		conn.Close()
+		return nil, fmt.Errorf("agent handshake: %w", ctx.Err())
+	}
+	if rr.err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("agent handshake: %w", rr.err)
+	}
+	if rr.h.Version != proto.Version {
+		conn.Close()
+		return nil, fmt.Errorf("agent %q speaks no protocol version this host knows (%d)", rr.h.Agent, rr.h.Version)
+	}
+	c := &Client{conn: conn, w: w, hello: rr.h, pending: map[uint32]chan proto.Frame{}, done: make(chan struct{})}
+	go c.readLoop(r)
+	return c, nil
+}
+
+// Hello is what the agent said in the handshake.
+func (c *Client) Hello() proto.Hello { return c.hello }
+
+// Done is closed when the connection fails or is closed.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Close closes the connection; calls in flight fail with ErrClosed.
+func (c *Client) Close() error {
+	err := c.conn.Close()
+	<-c.done
+	return err
+}
+
+func (c *Client) readLoop(r *proto.Reader) {
+	var err error
+	for {
+		var f proto.Frame
+		f, err = r.Read()
+		if err != nil {
+			break
+		}
+		if f.Type != proto.TypeReply {
+			err = fmt.Errorf("unexpected frame type %d from agent", f.Type)
+			break
+		}
+		c.mu.Lock()
+		ch, ok := c.pending[f.ID]
+		delete(c.pending, f.ID)
+		c.mu.Unlock()
+		if ok {
+			ch <- f
+		}
+	}
+	c.conn.Close()
+	c.mu.Lock()
+	c.err = fmt.Errorf("%w: %v", ErrClosed, err)
+	for id, ch := range c.pending {
+		close(ch)
+		delete(c.pending, id)
+	}
+	c.mu.Unlock()
+	close(c.done)
+}
+
+// Call sends one call and waits for its reply. Agent errors are returned as
+// *proto.Error.
+func (c *Client) Call(ctx context.Context, method string, params any, blob []byte) (json.RawMessage, []byte, error) {
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode %s params: %w", method, err)
+	}
+	ch := make(chan proto.Frame, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, nil, err
+	}
+	c.nextID++
+	id := c.nextID
+	c.pending[id] = ch
+	c.mu.Unlock()
+	if err := c.w.Write(proto.TypeCall, id, proto.Call{Method: method, Params: raw}, blob); err != nil {
+		c.forget(id)
+		c.conn.Close()
+		return nil, nil, fmt.Errorf("%w: send %s: %v", ErrClosed, method, err)
+	}
+	select {
+	case f, ok := <-ch:
+		if !ok {
+			c.mu.Lock()
+			err := c.err
+			c.mu.Unlock()
+			return nil, nil, err
+		}
+		var rep proto.Reply
+		if err := json.Unmarshal(f.Header, &rep); err != nil {
+			return nil, nil, fmt.Errorf("decode %s reply: %w", method, err)
+		}
+		if rep.Error != nil {
+			return nil, nil, rep.Error
+		}
+		return rep.Result, f.Blob, nil
+	case <-ctx.Done():
+		c.forget(id)
+		return nil, nil, ctx.Err()
+	}
+}
+
+func (c *Client) forget(id uint32) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+func call[T any](ctx context.Context, c *Client, method string, params any, blob []byte) (T, []byte, error) {
+	var out T
+	raw, b, err := c.Call(ctx, method, params, blob)
+	if err != nil {
+		return out, nil, err
+	}
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return out, nil, fmt.Errorf("decode %s result: %w", method, err)
+		}
+	}
+	return out, b, nil
+}
+
+// Info asks the agent about itself.
+func (c *Client) Info(ctx context.Context) (proto.Info, error) {
+	i, _, err := call[proto.Info](ctx, c, proto.MethodInfo, proto.Empty{}, nil)
+	return i, err
+}
+
+// Configure sets hostname and clock and mixes entropy into the guest RNG.
+func (c *Client) Configure(ctx context.Context, cfg proto.Configure, entropy []byte) (proto.Info, error) {
+	i, _, err := call[proto.Info](ctx, c, proto.MethodConfigure, cfg, entropy)
+	return i, err
+}
+
+// Sync flushes the guest's filesystems.
+func (c *Client) Sync(ctx context.Context) error {
+	_, _, err := c.Call(ctx, proto.MethodSync, proto.Empty{}, nil)
+	return err
+}
+
+// CreateProcess registers a process without starting it.
+func (c *Client) CreateProcess(ctx context.Context, spec proto.ProcessSpec) (proto.Process, error) {
+	p, _, err := call[proto.Process](ctx, c, proto.MethodProcCreate, spec, nil)
+	return p, err
+}
+
+// StartProcess starts a pending process (no-op if already started).
+func (c *Client) StartProcess(ctx context.Context, id string) (proto.Process, error) {
+	p, _, err := call[proto.Process](ctx, c, proto.MethodProcStart, proto.ProcessRef{ID: id}, nil)
+	return p, err
+}
+
+// GetProcess returns a process's status.
+func (c *Client) GetProcess(ctx context.Context, id string) (proto.Process, error) {
+	p, _, err := call[proto.Process](ctx, c, proto.MethodProcGet, proto.ProcessRef{ID: id}, nil)
+	return p, err
+}
+
+// ListProcesses returns the running processes.
+func (c *Client) ListProcesses(ctx context.Context) ([]proto.Process, error) {
+	l, _, err := call[proto.ProcessList](ctx, c, proto.MethodProcList, proto.Empty{}, nil)
+	return l.Items, err
+}
+
+// Output is one read of a process's output.
+type Output struct {
+	proto.ReadResult
+	Data []byte // the chunks' bytes, in order
+}
+
+// ReadOutput reads output after chunk `after`, waiting up to wait.
+func (c *Client) ReadOutput(ctx context.Context, id string, after uint64, maxBytes int, wait time.Duration, subscriber string) (Output, error) {
+	r, blob, err := call[proto.ReadResult](ctx, c, proto.MethodProcRead, proto.ReadRequest{ID: id, After: after, MaxBytes: maxBytes, Wait: wait, Subscriber: subscriber}, nil)
+	if err != nil {
+		return Output{}, err
+	}
+	n := 0
+	for _, ch := range r.Chunks {
+		if ch.Len < 0 {
+			return Output{}, errors.New("agent sent a negative chunk length")
+		}
+		n += ch.Len
+	}
+	if n != len(blob) {
+		return Output{}, fmt.Errorf("agent sent %d bytes for chunks totalling %d", len(blob), n)
+	}
+	return Output{ReadResult: r, Data: blob}, nil
+}
+
+// Signal signals a process's group.
+func (c *Client) Signal(ctx context.Context, id, sig string) error {
+	_, _, err := c.Call(ctx, proto.MethodProcSignal, proto.SignalRequest{ID: id, Signal: sig}, nil)
+	return err
+}
+
+// Stdin writes to a process's stdin.
+func (c *Client) Stdin(ctx context.Context, id string, data []byte) error {
+	_, _, err := c.Call(ctx, proto.MethodProcStdin, proto.ProcessRef{ID: id}, data)
+	return err
+}
+
+// CloseStdin closes a process's stdin.
+func (c *Client) CloseStdin(ctx context.Context, id string) error {
+	_, _, err := c.Call(ctx, proto.MethodProcClose, proto.ProcessRef{ID: id}, nil)
+	return err
+}
+
+// Resize changes a process's terminal size.
+func (c *Client) Resize(ctx context.Context, id string, cols, rows uint16) error {
+	_, _, err := c.Call(ctx, proto.MethodProcResize, proto.ResizeRequest{ID: id, Cols: cols, Rows: rows}, nil)
+	return err
+}
+
+// Stat returns one entry (symlinks are not followed).
+func (c *Client) Stat(ctx context.Context, path string) (proto.Entry, error) {
+	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileStat, proto.PathRequest{Path: path}, nil)
+	return e, err
+}
+
+// List lists a directory to depth.
+func (c *Client) List(ctx context.Context, path string, depth int) (proto.EntryList, error) {
+	l, _, err := call[proto.EntryList](ctx, c, proto.MethodFileList, proto.ListRequest{Path: path, Depth: depth}, nil)
+	return l, err
+}
+
+// ReadFile reads up to length bytes at offset.
+func (c *Client) ReadFile(ctx context.Context, path string, offset int64, length int) (proto.ReadFileResult, []byte, error) {
+	return call[proto.ReadFileResult](ctx, c, proto.MethodFileRead, proto.ReadFileRequest{Path: path, Offset: offset, Length: length}, nil)
+}
+
+// WriteFile streams r into path in chunks of at most chunk bytes; the file
+// appears atomically, with mode, once everything arrived. It never holds
+// more than one chunk in memory.
+func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader, chunk int) (proto.Entry, error) {
+	if chunk <= 0 || chunk > proto.MaxBlob {
+		chunk = 1 << 20
+	}
+	h, _, err := call[proto.WriteHandle](ctx, c, proto.MethodFileWriteBegin, proto.WriteBegin{Path: path, Mode: mode}, nil)
+	if err != nil {
+		return proto.Entry{}, err
+	}
+	abort := func() {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		c.Call(actx, proto.MethodFileWriteAbort, h, nil)
+	}
+	buf := make([]byte, chunk)
+	var off int64
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			if _, _, err := c.Call(ctx, proto.MethodFileWriteChunk, proto.WriteChunk{Handle: h.Handle, Offset: off}, buf[:n]); err != nil {
+				abort()
+				return proto.Entry{}, err
+			}
+			off += int64(n)
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr != nil {
+			abort()
+			return proto.Entry{}, rerr
+		}
+	}
+	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileWriteCommit, h, nil)
+	return e, err
+}
+
+// Remove removes a path (recursively if asked).
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	_, _, err := c.Call(ctx, proto.MethodFileRemove, proto.RemoveRequest{Path: path, Recursive: recursive}, nil)
+	return err
+}
+
+// Mkdir makes a directory and its parents.
+func (c *Client) Mkdir(ctx context.Context, path string, mode uint32) (proto.Entry, error) {
+	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileMkdir, proto.MkdirRequest{Path: path, Mode: mode}, nil)
+	return e, err
+}
+
+// Move renames a path.
+func (c *Client) Move(ctx context.Context, from, to string) (proto.Entry, error) {
+	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileMove, proto.MoveRequest{From: from, To: to}, nil)
+	return e, err
+}
