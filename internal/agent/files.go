@@ -78,9 +78,9 @@ func (f rootFS) RemoveAll(n string) error {
 	}
 	return f.r.RemoveAll(rel(n))
 }
-func (f rootFS) Rename(a, b string) error              { return f.r.Rename(rel(a), rel(b)) }
-func (f rootFS) Readlink(n string) (string, error)     { return f.r.Readlink(rel(n)) }
-func (f rootFS) Chmod(n string, m fs.FileMode) error   { return f.r.Chmod(rel(n), m) }
+func (f rootFS) Rename(a, b string) error            { return f.r.Rename(rel(a), rel(b)) }
+func (f rootFS) Readlink(n string) (string, error)   { return f.r.Readlink(rel(n)) }
+func (f rootFS) Chmod(n string, m fs.FileMode) error { return f.r.Chmod(rel(n), m) }
 
 // cleanPath checks that p is an absolute path and returns it cleaned; ".."
 // cannot climb above "/".
