@@ -49,6 +49,13 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	agent := exec.Command("go", "build", "-o", filepath.Join(dir, "space-agent"), "../cmd/space-agent")
+	agent.Env = append(os.Environ(), "CGO_ENABLED=0")
+	agent.Stderr = os.Stderr
+	if err := agent.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build space-agent:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -187,6 +194,7 @@ func (s *server) signal(sig syscall.Signal) {
 
 func (s *server) stop() {
 	s.signal(syscall.SIGTERM)
+	killAgents(s.dataDir)
 	if s.t.Failed() {
 		s.t.Logf("server log:\n%s", s.log())
 	}

@@ -23,14 +23,29 @@ func testHost(ctx context.Context, cfg *config.Serve, log *slog.Logger) (server.
 		return server.Host{}, false, nil
 	}
 	delay, _ := time.ParseDuration(os.Getenv("SPACE_FAKE_DELAY"))
+	agentBin := os.Getenv("SPACE_AGENT_BIN")
+	if agentBin == "" {
+		if exe, err := os.Executable(); err == nil {
+			if cand := filepath.Join(filepath.Dir(exe), "space-agent"); fileExists(cand) {
+				agentBin = cand
+			}
+		}
+	}
 	rt, err := fakeruntime.New(fakeruntime.Config{
-		Dir:   filepath.Join(cfg.DataDir, server.RuntimeDir, "fake"),
-		Delay: delay,
-		Fail:  fakeruntime.ParseFail(os.Getenv("SPACE_FAKE_FAIL")),
+		Dir:      filepath.Join(cfg.DataDir, server.RuntimeDir, "fake"),
+		Delay:    delay,
+		Fail:     fakeruntime.ParseFail(os.Getenv("SPACE_FAKE_FAIL")),
+		AgentBin: agentBin,
+		Logger:   log,
 	})
 	if err != nil {
 		return server.Host{}, true, err
 	}
-	log.Warn("running the FAKE runtime: sandboxes run nothing (test build)", "delay", delay)
+	log.Warn("running the FAKE runtime: no isolation, the agent runs as a host process (test build)", "delay", delay, "agent", agentBin)
 	return server.Host{Runtimes: []runtime.Runtime{rt}, Templates: fakeruntime.Templates{}}, true, nil
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }

@@ -94,6 +94,8 @@ func cleanPath(p string) (string, error) {
 // fileError maps a file system error to a call error.
 func fileError(op, p string, err error) error {
 	switch {
+	case errors.Is(err, syscall.ENOTEMPTY): // before ErrExist, which it also matches
+		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: directory not empty", op, p)
 	case errors.Is(err, fs.ErrNotExist):
 		return proto.Errorf(proto.CodeNotFound, "%s %s: no such file or directory", op, p)
 	case errors.Is(err, fs.ErrExist):
@@ -104,8 +106,6 @@ func fileError(op, p string, err error) error {
 		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: not a directory", op, p)
 	case errors.Is(err, syscall.EISDIR):
 		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: is a directory", op, p)
-	case errors.Is(err, syscall.ENOTEMPTY):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: directory not empty", op, p)
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return proto.Errorf(proto.CodeResourceExhausted, "%s %s: no space left", op, p)
 	case strings.Contains(err.Error(), "escapes from parent") || strings.Contains(err.Error(), "path escapes"):

@@ -11,8 +11,13 @@ import (
 	"github.com/spacesandbox/space/internal/agent/proto"
 )
 
-// configure applies a host's Configure: hostname, clock and entropy.
+// configure applies a host's Configure: hostname, clock and entropy. The
+// hostname and clock belong to the sandbox only when the agent is its init
+// (PID 1); an agent run as a plain host process (tests) leaves them alone.
 func configure(c proto.Configure, entropy []byte) error {
+	if os.Getpid() != 1 {
+		c.Hostname, c.UnixNano = "", 0
+	}
 	if c.Hostname != "" {
 		if len(c.Hostname) > 64 {
 			return proto.Errorf(proto.CodeInvalidArgument, "hostname longer than 64 bytes")

@@ -36,7 +36,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		}
 	}
 	implemented := map[string]bool{}
-	for _, r := range (&Server{}).Routes() {
+	for _, r := range append((&Server{}).Routes(), (&DataPlane{}).Routes()...) {
 		implemented[r.Method+" "+r.Pattern] = true
 	}
 	var missing, extra []string

@@ -13,6 +13,7 @@ import (
 
 	apispec "github.com/spacesandbox/space/api"
 	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
@@ -22,29 +23,31 @@ import (
 
 // Config wires a Server.
 type Config struct {
-	Engine  *lifecycle.Engine
-	Store   store.Store
-	Tokens  *auth.Tokens
-	Metrics *metrics.Metrics
-	Logger  *slog.Logger
+	Engine   *lifecycle.Engine
+	Commands *commands.Service
+	Store    store.Store
+	Tokens   *auth.Tokens
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
 	// BootID identifies this server process (idempotency reservations).
 	BootID string
 }
 
 // Server is the control-plane HTTP handler.
 type Server struct {
-	engine  *lifecycle.Engine
-	store   store.Store
-	tokens  *auth.Tokens
-	metrics *metrics.Metrics
-	log     *slog.Logger
-	idem    *idempotency
-	router  *router
+	engine   *lifecycle.Engine
+	commands *commands.Service
+	store    store.Store
+	tokens   *auth.Tokens
+	metrics  *metrics.Metrics
+	log      *slog.Logger
+	idem     *idempotency
+	router   *router
 }
 
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
-	s := &Server{engine: cfg.Engine, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
+	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
 		idem: newIdempotency(cfg.Store, cfg.BootID)}
 	s.router = newRouter(s.Routes())
 	return s
@@ -65,6 +68,17 @@ func (s *Server) Routes() []Route {
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:pause", Auth: true, Handler: s.lifecycleHandler(sandbox.OpPause)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Handler: s.lifecycleHandler(sandbox.OpWake)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Handler: s.createCommand},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Handler: s.listProcesses},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes/{process_id}", Auth: true, Handler: s.getProcess},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/processes/{process_id}:signal", Auth: true, Handler: s.signalProcess},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Handler: s.readFile},
+		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Handler: s.writeFile},
+		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Handler: s.deleteFile},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:list", Auth: true, Handler: s.listFiles},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:stat", Auth: true, Handler: s.statFile},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:mkdir", Auth: true, Handler: s.mkdirFile},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:move", Auth: true, Handler: s.moveFile},
 		{Method: "GET", Pattern: "/v1/operations", Auth: true, Handler: s.listOperations},
 		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Handler: s.getOperation},
 	}

@@ -18,11 +18,14 @@ type Serve struct {
 	DataDir       string
 	APIAddr       string
 	DataPlaneAddr string
-	TLSCert       string
-	TLSKey        string
-	Runtime       string // auto, vm, gvisor (and fake in test builds)
-	LogFormat     string // auto, text, json
-	LogLevel      string // debug, info, warn, error
+	// DataPlaneURL is the data plane's URL as clients reach it; empty means
+	// derived from DataPlaneAddr.
+	DataPlaneURL string
+	TLSCert      string
+	TLSKey       string
+	Runtime      string // auto, vm, gvisor (and fake in test builds)
+	LogFormat    string // auto, text, json
+	LogLevel     string // debug, info, warn, error
 	// ShutdownGrace bounds how long a graceful shutdown waits for requests
 	// and operations in flight.
 	ShutdownGrace time.Duration
@@ -30,6 +33,8 @@ type Serve struct {
 	OperationTimeout time.Duration
 	// MaxSandboxes caps active sandboxes (0 = no cap).
 	MaxSandboxes int
+	// AttachTokenTTL is how long an attachment token is valid.
+	AttachTokenTTL time.Duration
 }
 
 // Flags registers s's fields on fs, with defaults taken from the
@@ -49,6 +54,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.DataDir, "data-dir", "/var/lib/space", "directory for the database, templates, snapshots and the first API token")
 	str(&s.APIAddr, "api-addr", "127.0.0.1:8080", "control-plane listen address")
 	str(&s.DataPlaneAddr, "data-plane-addr", "127.0.0.1:8090", "data-plane (command streams) listen address")
+	str(&s.DataPlaneURL, "data-plane-url", "", "data-plane URL as clients reach it, put in attach URLs (default: from --data-plane-addr)")
 	str(&s.TLSCert, "tls-cert", "", "TLS certificate file (required to listen beyond loopback)")
 	str(&s.TLSKey, "tls-key", "", "TLS private key file")
 	str(&s.Runtime, "runtime", "auto", "sandbox runtime: auto, vm or gvisor")
@@ -61,6 +67,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&s.MaxSandboxes, "max-sandboxes", maxSbx, "most sandboxes active at once; 0 for no cap (env "+EnvName("max-sandboxes")+")")
 	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
 	dur(&s.OperationTimeout, "operation-timeout", 10*time.Minute, "upper bound of one lifecycle operation")
+	dur(&s.AttachTokenTTL, "attach-token-ttl", 24*time.Hour, "how long a command session's attachment token is valid")
 }
 
 // EnvName is the environment variable of a flag: data-dir → SPACE_DATA_DIR.
@@ -106,6 +113,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.MaxSandboxes < 0 {
 		errs = append(errs, errors.New("--max-sandboxes must be ≥ 0"))
+	}
+	if s.AttachTokenTTL < time.Second {
+		errs = append(errs, errors.New("--attach-token-ttl must be at least 1s"))
 	}
 	if s.ShutdownGrace < 0 || s.OperationTimeout <= 0 {
 		errs = append(errs, errors.New("--shutdown-grace must be ≥ 0 and --operation-timeout > 0"))

@@ -88,19 +88,32 @@ func (e *Engine) execute(op sandbox.Operation) {
 func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operation, spec runtime.Spec) error {
 	switch op.Kind {
 	case sandbox.OpCreate:
-		return rt.Create(ctx, spec)
+		if err := rt.Create(ctx, spec); err != nil {
+			return err
+		}
+		e.identify(ctx, rt, spec, true)
+		return nil
 	case sandbox.OpPause:
 		return rt.Pause(ctx, spec)
 	case sandbox.OpSuspend:
 		if err := os.MkdirAll(spec.SnapshotDir, 0o700); err != nil {
 			return fmt.Errorf("make snapshot directory: %w", err)
 		}
+		if op.From == sandbox.Running {
+			e.flush(ctx, rt, spec)
+		}
 		return rt.Suspend(ctx, spec)
 	case sandbox.OpWake:
+		var err error
 		if op.From == sandbox.Suspended {
-			return rt.Restore(ctx, spec)
+			err = rt.Restore(ctx, spec)
+		} else {
+			err = rt.Resume(ctx, spec)
 		}
-		return rt.Resume(ctx, spec)
+		if err == nil {
+			e.identify(ctx, rt, spec, false)
+		}
+		return err
 	case sandbox.OpDelete:
 		return rt.Delete(ctx, spec)
 	}

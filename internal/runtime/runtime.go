@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/sandbox"
 )
 
@@ -86,6 +87,11 @@ type Runtime interface {
 	Recover(ctx context.Context, spec Spec) (Status, error)
 	// Stats reports resource use; ErrNotFound when the sandbox is absent.
 	Stats(ctx context.Context, spec Spec) (Stats, error)
+	// Agent returns a live connection to the sandbox's agent, waiting for
+	// it to connect until ctx ends. Accepts running (a paused sandbox's
+	// agent does not answer). The runtime keeps the connection; callers
+	// must not close it.
+	Agent(ctx context.Context, spec Spec) (*agentclient.Client, error)
 }
 
 // StatusOf maps a sandbox state at rest to the status a runtime should

@@ -20,6 +20,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/api"
 	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
@@ -46,6 +47,8 @@ const (
 	DBFile       = "space.db"
 	SnapshotsDir = "snapshots"
 	RuntimeDir   = "runtime"
+	// AttachKeyFile holds the key attachment tokens are signed with.
+	AttachKeyFile = "attach.key"
 )
 
 // Run serves until ctx is cancelled, then shuts down gracefully. ready, when
@@ -107,7 +110,6 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		log.Info("ready to serve sandboxes", "runtimes", names, "default_runtime", def)
 	}
 
-	apiSrv := api.New(api.Config{Engine: eng, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID})
 	apiLn, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.APIAddr, err)
@@ -117,9 +119,26 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		apiLn.Close()
 		return fmt.Errorf("listen on %s: %w", cfg.DataPlaneAddr, err)
 	}
+	signer, err := commands.LoadSigner(filepath.Join(cfg.DataDir, AttachKeyFile))
+	if err != nil {
+		apiLn.Close()
+		dataLn.Close()
+		return err
+	}
+	dataURL := cfg.DataPlaneURL
+	if dataURL == "" {
+		scheme := "http"
+		if cfg.TLS() {
+			scheme = "https"
+		}
+		dataURL = scheme + "://" + dataLn.Addr().String()
+	}
+	cmds := commands.New(commands.Config{Agents: eng, Signer: signer, DataPlaneURL: dataURL, TokenTTL: cfg.AttachTokenTTL, Logger: log})
+	apiSrv := api.New(api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID})
+	dataSrv := api.NewDataPlane(api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID})
 	servers := []*http.Server{
 		newHTTPServer(apiSrv, log),
-		newHTTPServer(dataPlanePlaceholder(), log),
+		newHTTPServer(dataSrv, log),
 	}
 	lns := []net.Listener{apiLn, dataLn}
 	errc := make(chan error, len(servers))
@@ -179,23 +198,13 @@ func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// Streams must not wait on Nagle's algorithm.
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if tc, ok := c.(*net.TCPConn); ok && s == http.StateNew {
+				tc.SetNoDelay(true)
+			}
+		},
 	}
-}
-
-// dataPlanePlaceholder serves the data plane's health until command
-// sessions exist; every other path is 404 in the API's error envelope.
-func dataPlanePlaceholder() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Write([]byte(`{"status":"ok"}` + "\n"))
-	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusNotFound)
-		w.Write([]byte(`{"error":{"code":"not_found","message":"no such endpoint"}}` + "\n"))
-	})
-	return mux
 }
 
 func newBootID() string {

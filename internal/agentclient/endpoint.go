@@ -1,0 +1,130 @@
+package agentclient
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Endpoint is the host's listening end of one sandbox's agent channel: a
+// unix socket the agent dials. The host stays the listener, so after the
+// sandbox is restored (or the server restarts) the agent simply dials again
+// and Client returns the new connection.
+type Endpoint struct {
+	path string
+	ln   net.Listener
+	log  *slog.Logger
+
+	mu      sync.Mutex // guards cur, changed, closed
+	cur     *Client
+	changed chan struct{} // closed when cur changes
+	closed  bool
+	done    chan struct{}
+}
+
+// Listen creates the socket at path (replacing a stale one) and accepts
+// agent connections in the background. A path starting with "@" names an
+// abstract socket (no file).
+func Listen(path string, log *slog.Logger) (*Endpoint, error) {
+	abstract := strings.HasPrefix(path, "@")
+	if !abstract {
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen for agent on %s: %w", path, err)
+	}
+	if !abstract {
+		if err := os.Chmod(path, 0o600); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
+	e := &Endpoint{path: path, ln: ln, log: log, changed: make(chan struct{}), done: make(chan struct{})}
+	go e.accept()
+	return e, nil
+}
+
+func (e *Endpoint) accept() {
+	defer close(e.done)
+	for {
+		conn, err := e.ln.Accept()
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := Dial(ctx, conn)
+		cancel()
+		if err != nil {
+			e.log.Warn("agent handshake failed", "socket", e.path, "err", err)
+			continue
+		}
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			c.Close()
+			return
+		}
+		old := e.cur
+		e.cur = c
+		close(e.changed)
+		e.changed = make(chan struct{})
+		e.mu.Unlock()
+		if old != nil {
+			old.Close()
+		}
+	}
+}
+
+// Client returns the current live connection, waiting for the agent to dial
+// in until ctx ends.
+func (e *Endpoint) Client(ctx context.Context) (*Client, error) {
+	for {
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return nil, ErrClosed
+		}
+		c, ch := e.cur, e.changed
+		e.mu.Unlock()
+		if c != nil {
+			select {
+			case <-c.Done():
+			default:
+				return c, nil
+			}
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for the agent to connect: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops listening and closes the current connection.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	c := e.cur
+	e.mu.Unlock()
+	err := e.ln.Close()
+	<-e.done
+	if c != nil {
+		c.Close()
+	}
+	if !strings.HasPrefix(e.path, "@") {
+		os.Remove(e.path)
+	}
+	return err
+}

@@ -1,0 +1,106 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+)
+
+func processID(p params) (string, error) {
+	id := p["process_id"]
+	if !ids.Valid(ids.Process, id) {
+		return "", errdefs.New(errdefs.InvalidArgument, "malformed process id %q", truncate(id, 64)).WithDetails(map[string]any{"field": "process_id"})
+	}
+	return id, nil
+}
+
+func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p params) {
+	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		id, err := sandboxID(p)
+		if err != nil {
+			return response{}, err
+		}
+		if _, err := query(r); err != nil {
+			return response{}, err
+		}
+		var req commands.CreateRequest
+		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+			return response{}, err
+		}
+		sess, err := s.commands.Create(r.Context(), id, req)
+		if err != nil {
+			return response{}, err
+		}
+		b, err := marshal(sess)
+		return response{status: http.StatusCreated, body: b, location: "/v1/sandboxes/" + id + "/processes/" + sess.ProcessID}, err
+	})
+}
+
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, p params) {
+	id, err := sandboxID(p)
+	if err == nil {
+		_, err = query(r)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ps, err := s.commands.List(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, listResponse[commands.Process]{Items: ps})
+}
+
+func (s *Server) getProcess(w http.ResponseWriter, r *http.Request, p params) {
+	id, err := sandboxID(p)
+	var pid string
+	if err == nil {
+		pid, err = processID(p)
+	}
+	if err == nil {
+		_, err = query(r)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	proc, err := s.commands.Get(r.Context(), id, pid)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, proc)
+}
+
+type signalRequest struct {
+	Signal string `json:"signal"`
+}
+
+func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, p params) {
+	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		id, err := sandboxID(p)
+		if err != nil {
+			return response{}, err
+		}
+		pid, err := processID(p)
+		if err != nil {
+			return response{}, err
+		}
+		if _, err := query(r); err != nil {
+			return response{}, err
+		}
+		var req signalRequest
+		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+			return response{}, err
+		}
+		if err := s.commands.Signal(r.Context(), id, pid, req.Signal); err != nil {
+			return response{}, err
+		}
+		b, err := marshal(map[string]string{"process_id": pid, "signal": req.Signal})
+		return response{status: http.StatusAccepted, body: b}, err
+	})
+}

@@ -1,0 +1,337 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/metrics"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// DataPlane serves command event streams and stdin, authorised only by
+// session-scoped attachment tokens.
+type DataPlane struct {
+	cmds    *commands.Service
+	metrics *metrics.Metrics
+	log     *slog.Logger
+	idem    *idempotency
+	router  *router
+	// Keepalive is the longest silence on a stream (api.md: ≤ 15 s).
+	Keepalive time.Duration
+}
+
+// DataPlaneConfig wires a DataPlane.
+type DataPlaneConfig struct {
+	Commands *commands.Service
+	Store    store.Store
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
+	BootID   string
+}
+
+// NewDataPlane builds the data-plane handler.
+func NewDataPlane(cfg DataPlaneConfig) *DataPlane {
+	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: newIdempotency(cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
+	d.router = newRouter(d.Routes())
+	return d
+}
+
+// Routes is the data plane's route table.
+func (d *DataPlane) Routes() []Route {
+	return []Route{
+		{Method: "GET", Pattern: "/v1/sessions/{session_id}/events", Auth: true, Handler: d.events},
+		{Method: "POST", Pattern: "/v1/sessions/{session_id}/stdin", Auth: true, Handler: d.stdin},
+		{Method: "POST", Pattern: "/v1/sessions/{session_id}/stdin:close", Auth: true, Handler: d.closeStdin},
+		{Method: "POST", Pattern: "/v1/sessions/{session_id}:resize", Auth: true, Handler: d.resize},
+	}
+}
+
+func (d *DataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(w, r, d.log, err)
+}
+
+// ServeHTTP routes and authenticates a data-plane request.
+func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	routeName := "unmatched"
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			d.log.Error("panic serving data-plane request", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			if sw.status == 0 {
+				writeError(sw, r, d.log, errdefs.New(errdefs.Internal, "internal error"))
+			}
+		}
+		if d.metrics != nil {
+			d.metrics.ObserveRequest("data", routeName, r.Method, sw.status, time.Since(start))
+		}
+	}()
+	if r.URL.Path == "/healthz" && r.Method == http.MethodGet {
+		writeJSON(sw, r, d.log, http.StatusOK, map[string]string{"status": "ok"})
+		return
+	}
+	route, p, allowed := d.router.match(r.Method, r.URL.Path)
+	if route == nil {
+		if len(allowed) > 0 {
+			sw.Header().Set("Allow", strings.Join(allowed, ", "))
+			d.fail(sw, r, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
+			return
+		}
+		d.fail(sw, r, errdefs.New(errdefs.NotFound, "no such endpoint"))
+		return
+	}
+	routeName = route.Pattern
+	sid := p["session_id"]
+	if !ids.Valid(ids.Process, sid) {
+		d.fail(sw, r, errdefs.New(errdefs.NotFound, "no such session"))
+		return
+	}
+	tok, ok := bearer(r)
+	if !ok {
+		sw.Header().Set("WWW-Authenticate", `Bearer realm="space-data-plane"`)
+		d.fail(sw, r, errdefs.New(errdefs.Unauthenticated, "missing or invalid attachment token"))
+		return
+	}
+	claims, err := d.cmds.Signer().Verify(tok, sid)
+	if err != nil {
+		d.fail(sw, r, err)
+		return
+	}
+	p["sandbox_id"] = claims.Sandbox
+	route.Handler(sw, r, p)
+}
+
+func bearer(r *http.Request) (string, bool) {
+	scheme, value, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	value = strings.TrimSpace(value)
+	return value, value != ""
+}
+
+func newSubscriber() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// events streams a session's output as Server-Sent Events. The first attach
+// starts the process. Terminal events: process_exited (success) or error.
+// A stream that ends without one is incomplete; the client reconnects with
+// Last-Event-ID.
+func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
+	sid, sbx := p["session_id"], p["sandbox_id"]
+	ctx := r.Context()
+	ag, _, err := d.cmds.Agents().Agent(ctx, sbx)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if _, err := ag.StartProcess(ctx, sid); err != nil {
+		d.fail(w, r, commands.AgentError("start process", err))
+		return
+	}
+	last := parseLastEventID(r.Header.Get("Last-Event-ID"))
+	after := last.after
+	if last.resync {
+		after = math.MaxUint64 // names no chunk: the agent resyncs
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	bw := bufio.NewWriterSize(w, 256<<10)
+	sse := &sseWriter{w: bw}
+	flush := func() error {
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	if err := flush(); err != nil {
+		return
+	}
+	sub := newSubscriber()
+	log := d.log.With("session_id", sid, "sandbox_id", sbx)
+	for {
+		out, err := ag.ReadOutput(ctx, sid, after, 1<<20, d.Keepalive, sub)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// The agent went away (paused, suspended, restored, deleted).
+			// Try to reach it again while the sandbox runs; otherwise end the
+			// stream without a terminal event: it is incomplete, and the
+			// client reconnects with Last-Event-ID.
+			ag, err = d.reacquire(ctx, sbx)
+			if err != nil {
+				log.Info("event stream ends: agent unavailable", "err", err)
+				return
+			}
+			continue
+		}
+		if out.Resync {
+			resumeAt := after
+			if len(out.Chunks) > 0 {
+				resumeAt = out.Chunks[0].Seq - 1
+			}
+			sse.jsonEvent(eventID(resumeAt), "resync_required", map[string]any{
+				"message": "output after the requested event is no longer retained; what follows is the retained output",
+			})
+		}
+		off := 0
+		for _, c := range out.Chunks {
+			sse.output(c.Seq, c.Stream, out.Data[off:off+c.Len])
+			off += c.Len
+			after = c.Seq
+		}
+		if out.Exited != nil {
+			ex := out.Exited
+			if ex.Error != nil {
+				sse.jsonEvent("", "error", map[string]any{"code": ex.Error.Code, "message": ex.Error.Message, "exit_code": ex.ExitCode})
+			} else {
+				ev := map[string]any{"exit_code": ex.ExitCode}
+				if ex.Signal != "" {
+					ev["signal"] = ex.Signal
+				}
+				sse.jsonEvent("", "process_exited", ev)
+			}
+			flush()
+			return
+		}
+		if len(out.Chunks) == 0 && !out.Resync {
+			sse.ping()
+		}
+		if err := flush(); err != nil {
+			return
+		}
+	}
+}
+
+// reacquire waits briefly for a running sandbox's agent to answer again.
+func (d *DataPlane) reacquire(ctx context.Context, sbx string) (*agentclient.Client, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ag, _, err := d.cmds.Agents().Agent(ctx, sbx)
+		if err == nil {
+			return ag, nil
+		}
+		if errors.Is(err, errdefs.FailedPrecondition) || errors.Is(err, errdefs.NotFound) || time.Now().After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// MaxStdin bounds one stdin request.
+const MaxStdin = 16 << 20
+
+func (d *DataPlane) mutate(w http.ResponseWriter, r *http.Request, limit int64, handler func(body []byte) (response, error)) {
+	body, err := readBody(w, r, limit)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	resp, replayed, err := d.idem.do(w, r, body, func(*idem) (response, error) { return handler(body) })
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	writeResponse(w, resp, replayed)
+}
+
+func (d *DataPlane) stdin(w http.ResponseWriter, r *http.Request, p params) {
+	d.mutate(w, r, MaxStdin, func(body []byte) (response, error) {
+		if _, err := query(r); err != nil {
+			return response{}, err
+		}
+		ag, _, err := d.cmds.Agents().Agent(r.Context(), p["sandbox_id"])
+		if err != nil {
+			return response{}, err
+		}
+		for off := 0; off < len(body) || off == 0; {
+			end := min(off+fileChunk, len(body))
+			if err := ag.Stdin(r.Context(), p["session_id"], body[off:end]); err != nil {
+				return response{}, commands.AgentError("stdin", err)
+			}
+			off = end
+			if off == len(body) {
+				break
+			}
+		}
+		b, err := marshal(map[string]int{"bytes": len(body)})
+		return response{status: http.StatusOK, body: b}, err
+	})
+}
+
+func (d *DataPlane) closeStdin(w http.ResponseWriter, r *http.Request, p params) {
+	d.mutate(w, r, MaxJSONBody, func(body []byte) (response, error) {
+		if _, err := query(r); err != nil {
+			return response{}, err
+		}
+		if len(strings.TrimSpace(string(body))) > 0 && strings.TrimSpace(string(body)) != "{}" {
+			return response{}, errdefs.New(errdefs.InvalidArgument, "stdin:close takes no body")
+		}
+		ag, _, err := d.cmds.Agents().Agent(r.Context(), p["sandbox_id"])
+		if err != nil {
+			return response{}, err
+		}
+		if err := ag.CloseStdin(r.Context(), p["session_id"]); err != nil {
+			return response{}, commands.AgentError("close stdin", err)
+		}
+		b, err := marshal(map[string]bool{"closed": true})
+		return response{status: http.StatusOK, body: b}, err
+	})
+}
+
+type resizeRequest struct {
+	Cols int `json:"cols"`
+	Rows int `json:"rows"`
+}
+
+func (d *DataPlane) resize(w http.ResponseWriter, r *http.Request, p params) {
+	d.mutate(w, r, MaxJSONBody, func(body []byte) (response, error) {
+		if _, err := query(r); err != nil {
+			return response{}, err
+		}
+		var req resizeRequest
+		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+			return response{}, err
+		}
+		if req.Cols < 1 || req.Cols > 10000 || req.Rows < 1 || req.Rows > 10000 {
+			return response{}, errdefs.New(errdefs.InvalidArgument, "cols and rows must be between 1 and 10000")
+		}
+		ag, _, err := d.cmds.Agents().Agent(r.Context(), p["sandbox_id"])
+		if err != nil {
+			return response{}, err
+		}
+		if err := ag.Resize(r.Context(), p["session_id"], uint16(req.Cols), uint16(req.Rows)); err != nil {
+			return response{}, commands.AgentError("resize", err)
+		}
+		b, err := marshal(req)
+		return response{status: http.StatusOK, body: b}, err
+	})
+}

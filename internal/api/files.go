@@ -1,0 +1,330 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"path"
+	"strconv"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// MaxFileSize bounds one file upload.
+const MaxFileSize int64 = 16 << 30
+
+// fileChunk is how much of a file travels per agent call.
+const fileChunk = 1 << 20
+
+// filePath checks a path query parameter: absolute, no NUL. The agent
+// resolves it inside the sandbox; nothing on the host is opened by it.
+func filePath(v string, field string) (string, error) {
+	if v == "" || v[0] != '/' || len(v) > 4096 {
+		return "", errdefs.New(errdefs.InvalidArgument, "%s must be an absolute path", field).WithDetails(map[string]any{"field": field})
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] == 0 {
+			return "", errdefs.New(errdefs.InvalidArgument, "%s must not contain NUL", field).WithDetails(map[string]any{"field": field})
+		}
+	}
+	return path.Clean(v), nil
+}
+
+func parseMode(s string, def uint32) (uint32, error) {
+	if s == "" {
+		return def, nil
+	}
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, errdefs.New(errdefs.InvalidArgument, "mode must be octal permission bits, like 0644").WithDetails(map[string]any{"field": "mode"})
+	}
+	return uint32(m), nil
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
+	id, err := sandboxID(p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	q, err := query(r, "path")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	name, err := filePath(q.Get("path"), "path")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, data, err := ag.ReadFile(r.Context(), name, 0, fileChunk)
+	if err != nil {
+		s.fail(w, r, commands.AgentError("read file", err))
+		return
+	}
+	size := res.Size
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	// Stream in chunks: the server never holds more than one in memory.
+	// Exactly size bytes are sent, even if the file changes meanwhile.
+	var sent int64
+	for {
+		if int64(len(data)) > size-sent {
+			data = data[:size-sent]
+		}
+		if _, err := w.Write(data); err != nil {
+			return
+		}
+		sent += int64(len(data))
+		if res.EOF || sent >= size {
+			return
+		}
+		res, data, err = ag.ReadFile(r.Context(), name, sent, fileChunk)
+		if err != nil || len(data) == 0 {
+			s.log.Warn("file read ended early", "sandbox_id", id, "path", name, "sent", sent, "size", size, "err", err)
+			panic(http.ErrAbortHandler) // the client sees a truncated body, never a short "success"
+		}
+	}
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p params) {
+	id, err := sandboxID(p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	q, err := query(r, "path", "mode")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	name, err := filePath(q.Get("path"), "path")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	mode, err := parseMode(q.Get("mode"), 0o644)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if r.ContentLength > MaxFileSize {
+		s.fail(w, r, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize))
+		return
+	}
+	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	body := http.MaxBytesReader(w, r.Body, MaxFileSize)
+	e, err := ag.WriteFile(r.Context(), name, mode, body, fileChunk)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.fail(w, r, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize))
+			return
+		}
+		var pe *proto.Error
+		if !errors.As(err, &pe) && !errors.Is(err, agentclient.ErrClosed) {
+			// The upload itself broke (the client went away mid-body).
+			s.fail(w, r, errdefs.Wrap(errdefs.InvalidArgument, err, "reading the request body failed"))
+			return
+		}
+		s.fail(w, r, commands.AgentError("write file", err))
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, e)
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) {
+	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		id, err := sandboxID(p)
+		if err != nil {
+			return response{}, err
+		}
+		q, err := query(r, "path", "recursive")
+		if err != nil {
+			return response{}, err
+		}
+		name, err := filePath(q.Get("path"), "path")
+		if err != nil {
+			return response{}, err
+		}
+		recursive := false
+		switch q.Get("recursive") {
+		case "", "false":
+		case "true":
+			recursive = true
+		default:
+			return response{}, errdefs.New(errdefs.InvalidArgument, "recursive must be true or false")
+		}
+		if len(body) > 0 {
+			return response{}, errdefs.New(errdefs.InvalidArgument, "DELETE takes no body")
+		}
+		ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+		if err != nil {
+			return response{}, err
+		}
+		if err := ag.Remove(r.Context(), name, recursive); err != nil {
+			return response{}, commands.AgentError("delete file", err)
+		}
+		b, err := marshal(map[string]string{"path": name})
+		return response{status: http.StatusOK, body: b}, err
+	})
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p params) {
+	id, err := sandboxID(p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	q, err := query(r, "path", "depth")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	name, err := filePath(q.Get("path"), "path")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	depth := 1
+	if d := q.Get("depth"); d != "" {
+		if depth, err = strconv.Atoi(d); err != nil || depth < 1 || depth > 16 {
+			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "depth must be an integer between 1 and 16"))
+			return
+		}
+	}
+	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	l, err := ag.List(r.Context(), name, depth)
+	if err != nil {
+		s.fail(w, r, commands.AgentError("list files", err))
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, l)
+}
+
+func (s *Server) statFile(w http.ResponseWriter, r *http.Request, p params) {
+	id, err := sandboxID(p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	q, err := query(r, "path")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	name, err := filePath(q.Get("path"), "path")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	e, err := ag.Stat(r.Context(), name)
+	if err != nil {
+		s.fail(w, r, commands.AgentError("stat file", err))
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, e)
+}
+
+type mkdirRequest struct {
+	Path string `json:"path"`
+	Mode string `json:"mode,omitempty"`
+}
+
+type moveRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request, p params) {
+	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		id, err := sandboxID(p)
+		if err != nil {
+			return response{}, err
+		}
+		if _, err := query(r); err != nil {
+			return response{}, err
+		}
+		var req mkdirRequest
+		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+			return response{}, err
+		}
+		name, err := filePath(req.Path, "path")
+		if err != nil {
+			return response{}, err
+		}
+		mode, err := parseMode(req.Mode, 0o755)
+		if err != nil {
+			return response{}, err
+		}
+		ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+		if err != nil {
+			return response{}, err
+		}
+		e, err := ag.Mkdir(r.Context(), name, mode)
+		if err != nil {
+			return response{}, commands.AgentError("mkdir", err)
+		}
+		b, err := marshal(e)
+		return response{status: http.StatusOK, body: b}, err
+	})
+}
+
+func (s *Server) moveFile(w http.ResponseWriter, r *http.Request, p params) {
+	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		id, err := sandboxID(p)
+		if err != nil {
+			return response{}, err
+		}
+		if _, err := query(r); err != nil {
+			return response{}, err
+		}
+		var req moveRequest
+		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+			return response{}, err
+		}
+		from, err := filePath(req.From, "from")
+		if err != nil {
+			return response{}, err
+		}
+		to, err := filePath(req.To, "to")
+		if err != nil {
+			return response{}, err
+		}
+		ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+		if err != nil {
+			return response{}, err
+		}
+		e, err := ag.Move(r.Context(), from, to)
+		if err != nil {
+			return response{}, commands.AgentError("move", err)
+		}
+		b, err := marshal(e)
+		return response{status: http.StatusOK, body: b}, err
+	})
+}
