@@ -510,3 +510,38 @@ func (p *pattern) Read(b []byte) (int, error) {
 }
 
 var _ = client.IsCode
+
+func TestCLIExecAndFiles(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	sbx := s.createRunning()
+	out, errOut, code := s.runCLI("exec", sbx, "--cwd", "/tmp", "--env", "GREETING=Hello from SPACE", "--", "sh", "-c", `printf '%s\n' "$GREETING"; pwd; echo to-stderr >&2; exit 4`)
+	if out != "Hello from SPACE\n/tmp\n" || errOut != "to-stderr\n" || code != 4 {
+		t.Fatalf("exec: out %q err %q code %d", out, errOut, code)
+	}
+	if _, errOut, code := s.runCLI("exec", sbx, "--timeout", "200ms", "--", "sleep", "30"); code != 124 || !strings.Contains(errOut, "timeout") {
+		t.Fatalf("exec timeout: code %d, %q", code, errOut)
+	}
+	if _, _, code := s.runCLI("exec", sbx, "--", "/no/such/thing"); code != 127 {
+		t.Fatalf("exec missing binary: code %d", code)
+	}
+	local := t.TempDir() + "/in.bin"
+	data := make([]byte, 300000)
+	rand.Read(data)
+	os.WriteFile(local, data, 0o644)
+	if out, errOut, code := s.runCLI("files", "put", sbx, local, "/data/in.bin", "--mode", "0600"); code != 0 || !strings.Contains(out, "/data/in.bin 0600 300000 bytes") {
+		t.Fatalf("files put: %d %q %q", code, out, errOut)
+	}
+	back := t.TempDir() + "/out.bin"
+	if _, errOut, code := s.runCLI("files", "get", sbx, "/data/in.bin", back); code != 0 {
+		t.Fatalf("files get: %d %q", code, errOut)
+	}
+	if got, _ := os.ReadFile(back); !bytes.Equal(got, data) {
+		t.Fatal("files get returned different bytes")
+	}
+	if out, _, code := s.runCLI("files", "ls", sbx, "/data"); code != 0 || !strings.Contains(out, "/data/in.bin") {
+		t.Fatalf("files ls: %d %q", code, out)
+	}
+	if _, errOut, code := s.runCLI("files", "get", sbx, "/data/missing"); code != 1 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("files get missing: %d %q", code, errOut)
+	}
+}

@@ -48,6 +48,8 @@ Server:
 Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space sandbox create|list|get|pause|suspend|wake|delete
   space operation get|wait|list
+  space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
+  space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
 
 Add --json to client verbs for machine-readable output.
 `
@@ -101,6 +103,10 @@ func run(ctx context.Context, args []string, o Options) error {
 		return sandboxCmd(ctx, rest, o)
 	case "operation", "operations", "op":
 		return operationCmd(ctx, rest, o)
+	case "exec":
+		return execCmd(ctx, rest, o)
+	case "files", "file":
+		return filesCmd(ctx, rest, o)
 	case "help", "-h", "--help":
 		fmt.Fprint(o.Stdout, usage)
 		return nil
@@ -144,8 +150,24 @@ func envOr(k, def string) string {
 }
 
 // parse parses flags allowing them before and after positional arguments.
+// Everything after "--" is positional, untouched.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard)
+	var tail []string
+	for i, a := range args {
+		if a == "--" {
+			args, tail = args[:i], args[i+1:]
+			break
+		}
+	}
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	return append(pos, tail...), nil
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -159,9 +181,6 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = fs.Args()
 		if len(args) == 0 {
 			return pos, nil
-		}
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
 		}
 		pos = append(pos, args[0])
 		args = args[1:]

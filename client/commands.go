@@ -1,0 +1,319 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// CommandRequest starts a command session.
+type CommandRequest struct {
+	Command []string          `json:"command"`
+	Cwd     string            `json:"cwd,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Timeout string            `json:"timeout,omitempty"`
+	Stdin   bool              `json:"stdin,omitempty"`
+	PTY     *PTY              `json:"pty,omitempty"`
+}
+
+// PTY asks for a terminal.
+type PTY struct {
+	Cols int `json:"cols"`
+	Rows int `json:"rows"`
+}
+
+// Session is a created command session.
+type Session struct {
+	SessionID string `json:"session_id"`
+	ProcessID string `json:"process_id"`
+	Attach    struct {
+		URL       string    `json:"url"`
+		Token     string    `json:"token"`
+		ExpiresAt time.Time `json:"expires_at"`
+	} `json:"attach"`
+}
+
+// CreateCommand creates a command session; the process starts on Attach.
+func (c *Client) CreateCommand(ctx context.Context, sandboxID string, req CommandRequest, key string) (*Session, error) {
+	var out Session
+	if _, err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/commands", nil, key, req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Event is one event of a session's stream.
+type Event struct {
+	ID   string
+	Name string // output, resync_required, process_exited, error
+	// Stream and Data are set on output events (Data decoded).
+	Stream string
+	Data   []byte
+	// ExitCode and Signal are set on process_exited (and error, when known).
+	ExitCode *int
+	Signal   string
+	// Code and Message are set on error events.
+	Code, Message string
+}
+
+// ErrIncomplete reports a stream that ended without a terminal event.
+var ErrIncomplete = errors.New("event stream ended without process_exited or error")
+
+// Attach streams a session's events to fn, starting after lastEventID ("" =
+// from the start), and reconnects with Last-Event-ID when the connection
+// drops, up to retries times in a row. It returns the terminal event.
+func (c *Client) Attach(ctx context.Context, s *Session, lastEventID string, retries int, fn func(Event) error) (*Event, error) {
+	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	failures := 0
+	for {
+		term, last, err := c.attachOnce(ctx, hc, s, lastEventID, fn)
+		if term != nil {
+			return term, nil
+		}
+		if last != "" && last != lastEventID {
+			lastEventID, failures = last, 0
+		}
+		var apiErr *Error
+		if errors.As(err, &apiErr) && apiErr.Status != http.StatusServiceUnavailable && apiErr.Status != http.StatusConflict {
+			return nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		failures++
+		if failures > retries {
+			if err == nil {
+				err = ErrIncomplete
+			}
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(failures) * 200 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, lastEventID string, fn func(Event) error) (*Event, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.Attach.URL, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.Attach.Token)
+	req.Header.Set("Accept", "text/event-stream")
+	if lastEventID != "" {
+		req.Header.Set("Last-Event-ID", lastEventID)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var env struct {
+			Error *Error `json:"error"`
+		}
+		if json.Unmarshal(b, &env) == nil && env.Error != nil {
+			env.Error.Status = resp.StatusCode
+			return nil, "", env.Error
+		}
+		return nil, "", &Error{Status: resp.StatusCode, Code: "unknown", Message: strings.TrimSpace(string(b))}
+	}
+	r := bufio.NewReaderSize(resp.Body, 1<<20)
+	last := lastEventID
+	var ev Event
+	var data []byte
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return nil, last, err
+		}
+		line = strings.TrimSuffix(line, "\n")
+		switch {
+		case strings.HasPrefix(line, ":"):
+		case strings.HasPrefix(line, "id: "):
+			ev.ID = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			ev.Name = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			data = append(data, line[6:]...)
+		case line == "" && ev.Name != "":
+			if err := decodeEvent(&ev, data); err != nil {
+				return nil, last, err
+			}
+			if ev.ID != "" {
+				last = ev.ID
+			}
+			if err := fn(ev); err != nil {
+				return nil, last, err
+			}
+			if ev.Name == "process_exited" || ev.Name == "error" {
+				e := ev
+				return &e, last, nil
+			}
+			ev, data = Event{}, nil
+		}
+	}
+}
+
+func decodeEvent(ev *Event, data []byte) error {
+	var raw struct {
+		Stream   string `json:"stream"`
+		Data     string `json:"data"`
+		ExitCode *int   `json:"exit_code"`
+		Signal   string `json:"signal"`
+		Code     string `json:"code"`
+		Message  string `json:"message"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return fmt.Errorf("malformed %s event: %w", ev.Name, err)
+	}
+	ev.Stream, ev.ExitCode, ev.Signal, ev.Code, ev.Message = raw.Stream, raw.ExitCode, raw.Signal, raw.Code, raw.Message
+	if ev.Name == "output" {
+		b, err := base64.StdEncoding.DecodeString(raw.Data)
+		if err != nil {
+			return fmt.Errorf("malformed output data: %w", err)
+		}
+		ev.Data = b
+	}
+	return nil
+}
+
+// Entry is a file system entry in a sandbox.
+type Entry struct {
+	Path    string    `json:"path"`
+	Name    string    `json:"name"`
+	Type    string    `json:"type"`
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"`
+	ModTime time.Time `json:"mtime"`
+	Target  string    `json:"symlink_target,omitempty"`
+}
+
+func (c *Client) filesURL(sandboxID, suffix string, q url.Values) string {
+	u := *c.base
+	u.Path = c.base.Path + "/v1/sandboxes/" + url.PathEscape(sandboxID) + "/files" + suffix
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func (c *Client) rawRequest(ctx context.Context, method, u string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	hc := *c.http
+	hc.Timeout = 0 // transfers take as long as they take; ctx bounds them
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var env struct {
+			Error *Error `json:"error"`
+		}
+		if json.Unmarshal(b, &env) == nil && env.Error != nil {
+			env.Error.Status = resp.StatusCode
+			return nil, env.Error
+		}
+		return nil, &Error{Status: resp.StatusCode, Code: "unknown", Message: strings.TrimSpace(string(b))}
+	}
+	return resp, nil
+}
+
+// ReadFile streams a file from a sandbox into w.
+func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writer) (int64, error) {
+	resp, err := c.rawRequest(ctx, http.MethodGet, c.filesURL(sandboxID, "", url.Values{"path": {path}}), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(w, resp.Body)
+	if err == nil && resp.ContentLength >= 0 && n != resp.ContentLength {
+		err = fmt.Errorf("file transfer ended after %d of %d bytes", n, resp.ContentLength)
+	}
+	return n, err
+}
+
+// WriteFile streams r into a file in a sandbox. mode is octal ("" = 0644).
+func (c *Client) WriteFile(ctx context.Context, sandboxID, path, mode string, r io.Reader) (*Entry, error) {
+	q := url.Values{"path": {path}}
+	if mode != "" {
+		q.Set("mode", mode)
+	}
+	resp, err := c.rawRequest(ctx, http.MethodPut, c.filesURL(sandboxID, "", q), r)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var e Entry
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		return nil, fmt.Errorf("decode entry: %w", err)
+	}
+	return &e, nil
+}
+
+// ListFiles lists a directory to depth.
+func (c *Client) ListFiles(ctx context.Context, sandboxID, path string, depth int) ([]Entry, error) {
+	var out struct {
+		Items []Entry `json:"items"`
+	}
+	q := url.Values{"path": {path}, "depth": {fmt.Sprint(depth)}}
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/files:list", q, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Items, nil
+}
+
+func (c *Client) sessionPost(ctx context.Context, s *Session, suffix string, body []byte) error {
+	u := strings.TrimSuffix(s.Attach.URL, "/events") + suffix
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(string(body)))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.Attach.Token)
+	req.Header.Set("Idempotency-Key", NewIdempotencyKey())
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var env struct {
+			Error *Error `json:"error"`
+		}
+		if json.Unmarshal(b, &env) == nil && env.Error != nil {
+			env.Error.Status = resp.StatusCode
+			return env.Error
+		}
+		return &Error{Status: resp.StatusCode, Code: "unknown", Message: strings.TrimSpace(string(b))}
+	}
+	return nil
+}
+
+// SendStdin writes data to the session's stdin.
+func (c *Client) SendStdin(ctx context.Context, s *Session, data []byte) error {
+	return c.sessionPost(ctx, s, "/stdin", data)
+}
+
+// CloseStdin closes the session's stdin.
+func (c *Client) CloseStdin(ctx context.Context, s *Session) error {
+	return c.sessionPost(ctx, s, "/stdin:close", nil)
+}
