@@ -173,5 +173,3 @@ func filesCmd(ctx context.Context, args []string, o Options) error {
 	}
 	return fmt.Errorf("%w: unknown files command %q", errUsage, args[0])
 }
-
-
