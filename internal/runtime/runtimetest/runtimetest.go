@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,6 +30,9 @@ type Harness struct {
 	// AssertGone, when set, checks that nothing of a deleted sandbox remains
 	// on the host (processes, mounts, cgroups, files).
 	AssertGone func(t *testing.T, spec runtime.Spec)
+	// HasAgent says the runtime runs a real agent: the suite then checks
+	// that it answers after every step and that files survive suspend.
+	HasAgent bool
 }
 
 // Run runs the suite. newHarness is called once per test.
@@ -43,6 +47,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"IndependentSandboxes", testIndependent},
 		{"RecoverAfterRestart", testRecover},
 		{"Capabilities", testCapabilities},
+		{"AgentAcrossLifecycle", testAgentAcrossLifecycle},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newHarness(t)) })
@@ -218,5 +223,51 @@ func testCapabilities(t *testing.T, h Harness) {
 	c := h.Runtime.Capabilities()
 	if c.Detail == "" {
 		t.Fatal("capabilities say nothing about how the runtime runs here")
+	}
+}
+
+// agentAnswers checks the agent replies to Info.
+func agentAnswers(t *testing.T, h Harness, spec runtime.Spec) {
+	t.Helper()
+	c, err := h.Runtime.Agent(ctxFor(t, h), spec)
+	if err != nil {
+		t.Fatalf("agent: %v", err)
+	}
+	if _, err := c.Info(ctxFor(t, h)); err != nil {
+		t.Fatalf("agent info: %v", err)
+	}
+}
+
+func testAgentAcrossLifecycle(t *testing.T, h Harness) {
+	if !h.HasAgent {
+		t.Skip("runtime harness runs no agent")
+	}
+	spec := newSpec(t, h)
+	cleanup(t, h, spec)
+	must(t, "create", h.Runtime.Create(ctxFor(t, h), spec))
+	agentAnswers(t, h, spec)
+	c, _ := h.Runtime.Agent(ctxFor(t, h), spec)
+	if _, err := c.WriteFile(ctxFor(t, h), "/root/kept.txt", 0o600, strings.NewReader("kept across suspend"), 0); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	must(t, "pause", h.Runtime.Pause(ctxFor(t, h), spec))
+	must(t, "resume", h.Runtime.Resume(ctxFor(t, h), spec))
+	agentAnswers(t, h, spec)
+	for i := 0; i < 2; i++ {
+		must(t, "suspend", h.Runtime.Suspend(ctxFor(t, h), spec))
+		must(t, "restore", h.Runtime.Restore(ctxFor(t, h), spec))
+		agentAnswers(t, h, spec)
+		c, _ := h.Runtime.Agent(ctxFor(t, h), spec)
+		_, b, err := c.ReadFile(ctxFor(t, h), "/root/kept.txt", 0, 100)
+		if err != nil || string(b) != "kept across suspend" {
+			t.Fatalf("file after restore %d: %q %v", i, b, err)
+		}
+	}
+	other := newSpec(t, h)
+	cleanup(t, h, other)
+	must(t, "create other", h.Runtime.Create(ctxFor(t, h), other))
+	oc, _ := h.Runtime.Agent(ctxFor(t, h), other)
+	if _, _, err := oc.ReadFile(ctxFor(t, h), "/root/kept.txt", 0, 100); err == nil {
+		t.Fatal("a file written in one sandbox is visible in another")
 	}
 }

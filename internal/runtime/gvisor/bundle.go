@@ -1,0 +1,101 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/spacesandbox/space/internal/runtime"
+)
+
+// Paths inside every sandbox.
+const (
+	AgentPath = "/.space/agent" // the agent binary, read-only
+	RunDir    = "/.space/run"   // the host's agent socket lives here
+)
+
+// ociSpec is the OCI runtime spec of a sandbox: the agent as init, the
+// template as root (writes go to gVisor's overlay), cgroup limits for CPU,
+// memory and pids, and no network.
+func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+	keys := make([]string, 0, len(spec.Env))
+	for k := range spec.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+spec.Env[k])
+	}
+	res := spec.Resources
+	const period = 100000
+	return map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"terminal": false,
+			"user":     map[string]any{"uid": 0, "gid": 0},
+			"args":     []string{AgentPath, "--connect", "unix:" + RunDir + "/agent.sock"},
+			"env":      env,
+			"cwd":      "/",
+			"capabilities": func() map[string]any {
+				caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+					"CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE", "CAP_SETFCAP",
+					"CAP_SYS_ADMIN", "CAP_SYS_TIME", "CAP_NET_ADMIN", "CAP_SYS_PTRACE"}
+				return map[string]any{"bounding": caps, "effective": caps, "permitted": caps}
+			}(),
+			"rlimits":         []map[string]any{{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}},
+			"noNewPrivileges": false,
+		},
+		"root":     map[string]any{"path": rootfs, "readonly": false},
+		"hostname": hostname(spec.SandboxID),
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
+			{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev", "mode=755"}},
+			{"destination": AgentPath, "type": "bind", "source": r.cfg.AgentBin, "options": []string{"rbind", "ro"}},
+			{"destination": RunDir, "type": "bind", "source": r.socketDir(spec.SandboxID), "options": []string{"rbind", "rw"}},
+		},
+		"linux": map[string]any{
+			"cgroupsPath": "/space/" + spec.SandboxID,
+			"resources": map[string]any{
+				"cpu":    map[string]any{"quota": int64(res.VCPUs) * period, "period": period},
+				"memory": map[string]any{"limit": int64(res.MemoryMiB) << 20},
+				"pids":   map[string]any{"limit": 4096},
+			},
+			"namespaces": []map[string]any{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}},
+		},
+	}
+}
+
+func hostname(id string) string {
+	const prefix = "sbx_"
+	if len(id) > len(prefix)+12 {
+		return "sbx-" + id[len(prefix):len(prefix)+12]
+	}
+	return "sandbox"
+}
+
+// writeBundle writes the sandbox's config.json.
+func (r *Runtime) writeBundle(spec runtime.Spec, rootfs string) error {
+	dir := r.bundleDir(spec.SandboxID)
+	for _, d := range []string{dir, r.upperDir(spec.SandboxID), r.socketDir(spec.SandboxID)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	b, err := json.MarshalIndent(r.ociSpec(spec, rootfs), "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, "config.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, "config.json"))
+}

@@ -1,0 +1,267 @@
+//go:build linux
+
+// Package gvisor is the `gvisor` runtime: one gVisor sandbox (runsc,
+// systrap platform) per SPACE sandbox, from an OCI bundle over the
+// template's root file system with a private writable overlay whose upper
+// layer is capped at the sandbox's disk size. The agent is bind-mounted
+// read-only at /.space/agent and runs as the container's init; it dials the
+// host through a unix socket in a per-sandbox directory mounted at
+// /.space/run, and dials again after a restore (gVisor closes host socket
+// connections on checkpoint). Pause is runsc pause; suspend is runsc
+// checkpoint (memory, and with it the writable layer) into the snapshot
+// directory followed by deleting the sandbox; wake restores it.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/runtime"
+)
+
+// Name is the runtime's API name.
+const Name = "gvisor"
+
+// Templates gives the root file system of a template digest.
+type Templates interface {
+	RootfsPath(digest string) (string, error)
+}
+
+// Config configures the runtime.
+type Config struct {
+	// Runsc is the runsc binary.
+	Runsc string
+	// Dir holds per-sandbox bundles and runsc's state.
+	Dir string
+	// SocketDir holds per-sandbox agent sockets; it must be short (unix
+	// socket paths are limited to 108 bytes).
+	SocketDir string
+	// AgentBin is the static space-agent binary mounted into sandboxes.
+	AgentBin  string
+	Templates Templates
+	// Platform is runsc's platform (systrap unless told otherwise).
+	Platform string
+	Logger   *slog.Logger
+}
+
+// Validate checks the configuration and the binaries it names.
+func (c *Config) Validate() error {
+	if c.Runsc == "" || c.Dir == "" || c.AgentBin == "" || c.Templates == nil {
+		return errors.New("gvisor: runsc, dir, agent binary and templates are required")
+	}
+	for _, b := range []string{c.Runsc, c.AgentBin} {
+		if fi, err := os.Stat(b); err != nil || fi.Mode()&0o111 == 0 {
+			return fmt.Errorf("gvisor: %s is not an executable", b)
+		}
+	}
+	if c.Platform == "" {
+		c.Platform = "systrap"
+	}
+	if c.SocketDir == "" {
+		sum := sha256.Sum256([]byte(c.Dir))
+		c.SocketDir = "/run/space-" + hex.EncodeToString(sum[:4])
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Runtime runs sandboxes under gVisor.
+type Runtime struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex // guards endpoints
+	endpoints map[string]*agentclient.Endpoint
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns the runtime.
+func New(cfg Config) (*Runtime, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "runsc"), cfg.SocketDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, endpoints: map[string]*agentclient.Endpoint{}}, nil
+}
+
+// Probe checks that runsc can start a sandbox on this host, and says why not.
+func Probe(ctx context.Context, runsc string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "space-runsc-probe")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.CommandContext(ctx, runsc, "--root", filepath.Join(dir, "root"), "--network=none", "do", "true")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("runsc do true: %v: %s", err, strings.TrimSpace(lastLine(string(out))))
+	}
+	return nil
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+func (r *Runtime) Name() string { return Name }
+
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Pause: true, Suspend: true, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox"}
+}
+
+func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.cfg.Dir, "sandboxes", id) }
+func (r *Runtime) bundleDir(id string) string  { return filepath.Join(r.sandboxDir(id), "bundle") }
+func (r *Runtime) upperDir(id string) string   { return filepath.Join(r.sandboxDir(id), "upper") }
+func (r *Runtime) socketDir(id string) string  { return filepath.Join(r.cfg.SocketDir, id) }
+func (r *Runtime) socketPath(id string) string { return filepath.Join(r.socketDir(id), "agent.sock") }
+
+// globalFlags must be identical for every runsc command on a sandbox:
+// restore needs the same configuration as create.
+func (r *Runtime) globalFlags(spec runtime.Spec) []string {
+	return []string{
+		"--root", filepath.Join(r.cfg.Dir, "runsc"),
+		"--platform", r.cfg.Platform,
+		"--network", "none",
+		"--host-uds", "open",
+		"--overlay2", fmt.Sprintf("root:dir=%s,size=%dm", r.upperDir(spec.SandboxID), spec.Resources.DiskMiB),
+		"--net-disconnect-ok",
+		"--log-format", "json",
+		"--panic-log", filepath.Join(r.sandboxDir(spec.SandboxID), "panic.log"),
+	}
+}
+
+// runsc runs one runsc command and returns its stdout.
+func (r *Runtime) runsc(ctx context.Context, spec runtime.Spec, args ...string) ([]byte, error) {
+	full := append(r.globalFlags(spec), args...)
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, full...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("runsc %s: %w: %s", args[0], err, strings.TrimSpace(lastLine(stderr.String())))
+	}
+	return stdout.Bytes(), nil
+}
+
+// start runs `runsc run|restore --detach`: the sandbox it leaves behind
+// inherits stdio, so stdio goes to the sandbox's log file, never to pipes
+// this process would wait on.
+func (r *Runtime) start(ctx context.Context, spec runtime.Spec, args ...string) error {
+	logPath := filepath.Join(r.sandboxDir(spec.SandboxID), "sandbox.log")
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	off, _ := logf.Seek(0, io.SeekEnd)
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags(spec), args...)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
+	if err := cmd.Run(); err != nil {
+		b, _ := os.ReadFile(logPath)
+		if int64(len(b)) > off {
+			b = b[off:]
+		}
+		return fmt.Errorf("runsc %s: %w: %s", args[0], err, lastLine(string(b)))
+	}
+	return nil
+}
+
+// containerState is what `runsc state` reports.
+type containerState struct {
+	Status string `json:"status"` // created, running, paused, stopped
+	PID    int    `json:"pid"`
+}
+
+func (r *Runtime) state(ctx context.Context, spec runtime.Spec) (*containerState, error) {
+	out, err := r.runsc(ctx, spec, "state", spec.SandboxID)
+	if err != nil {
+		if strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not exist") {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var st containerState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("decode runsc state: %w", err)
+	}
+	return &st, nil
+}
+
+// endpoint returns the sandbox's agent endpoint, listening if needed.
+func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ep, ok := r.endpoints[id]; ok {
+		return ep, nil
+	}
+	if err := os.MkdirAll(r.socketDir(id), 0o700); err != nil {
+		return nil, err
+	}
+	ep, err := agentclient.Listen(r.socketPath(id), r.log.With("sandbox_id", id))
+	if err != nil {
+		return nil, err
+	}
+	r.endpoints[id] = ep
+	return ep, nil
+}
+
+func (r *Runtime) closeEndpoint(id string) {
+	r.mu.Lock()
+	ep := r.endpoints[id]
+	delete(r.endpoints, id)
+	r.mu.Unlock()
+	if ep != nil {
+		ep.Close()
+	}
+}
+
+// waitAgent waits until the agent answers.
+func (r *Runtime) waitAgent(ctx context.Context, id string) error {
+	ep, err := r.endpoint(id)
+	if err != nil {
+		return err
+	}
+	c, err := ep.Client(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Info(ctx); err != nil {
+		return fmt.Errorf("agent of %s: %w", id, err)
+	}
+	return nil
+}
+
+func (r *Runtime) Agent(ctx context.Context, spec runtime.Spec) (*agentclient.Client, error) {
+	ep, err := r.endpoint(spec.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	return ep.Client(ctx)
+}
