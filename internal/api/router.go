@@ -78,6 +78,18 @@ func matchSegs(pattern, segs []string) (params, bool) {
 		if j := strings.Index(ps, "}"); j > 0 {
 			name, verb = ps[1:j], ps[j+1:]
 		}
+		// "{a}:{b}": two parameters split at the first ':'.
+		if second, ok := strings.CutPrefix(verb, ":{"); ok && strings.HasSuffix(second, "}") {
+			a, b, found := strings.Cut(s, ":")
+			if !found || a == "" || b == "" || strings.Contains(b, ":") {
+				return nil, false
+			}
+			if p == nil {
+				p = params{}
+			}
+			p[name], p[strings.TrimSuffix(second, "}")] = a, b
+			continue
+		}
 		val := s
 		if verb != "" {
 			var ok bool

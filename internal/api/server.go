@@ -19,6 +19,7 @@ import (
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/templates"
 )
 
 // Config wires a Server.
@@ -31,24 +32,33 @@ type Config struct {
 	Logger   *slog.Logger
 	// BootID identifies this server process (idempotency reservations).
 	BootID string
+	// Templates lists templates (nil: none).
+	Templates TemplateLister
+}
+
+// TemplateLister is what the API needs of the template store.
+type TemplateLister interface {
+	List(ctx context.Context) ([]templates.Template, error)
+	Get(ref string) (templates.Template, error)
 }
 
 // Server is the control-plane HTTP handler.
 type Server struct {
-	engine   *lifecycle.Engine
-	commands *commands.Service
-	store    store.Store
-	tokens   *auth.Tokens
-	metrics  *metrics.Metrics
-	log      *slog.Logger
-	idem     *idempotency
-	router   *router
+	engine    *lifecycle.Engine
+	commands  *commands.Service
+	store     store.Store
+	tokens    *auth.Tokens
+	metrics   *metrics.Metrics
+	log       *slog.Logger
+	idem      *idempotency
+	router    *router
+	templates TemplateLister
 }
 
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
-		idem: newIdempotency(cfg.Store, cfg.BootID)}
+		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates}
 	s.router = newRouter(s.Routes())
 	return s
 }
@@ -79,6 +89,8 @@ func (s *Server) Routes() []Route {
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:stat", Auth: true, Handler: s.statFile},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:mkdir", Auth: true, Handler: s.mkdirFile},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:move", Auth: true, Handler: s.moveFile},
+		{Method: "GET", Pattern: "/v1/templates", Auth: true, Handler: s.listTemplates},
+		{Method: "GET", Pattern: "/v1/templates/{name}:{tag}", Auth: true, Handler: s.getTemplate},
 		{Method: "GET", Pattern: "/v1/operations", Auth: true, Handler: s.listOperations},
 		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Handler: s.getOperation},
 	}
@@ -198,4 +210,40 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, p params) 
 func (s *Server) openapi(w http.ResponseWriter, r *http.Request, p params) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(apispec.OpenAPI)
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p params) {
+	if _, err := query(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var list []templates.Template
+	if s.templates != nil {
+		var err error
+		if list, err = s.templates.List(r.Context()); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	if list == nil {
+		list = []templates.Template{}
+	}
+	writeJSON(w, r, s.log, http.StatusOK, listResponse[templates.Template]{Items: list})
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p params) {
+	if _, err := query(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if s.templates == nil {
+		s.fail(w, r, errdefs.New(errdefs.NotFound, "template %s:%s not found", p["name"], p["tag"]))
+		return
+	}
+	t, err := s.templates.Get(p["name"] + ":" + p["tag"])
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, r, s.log, http.StatusOK, t)
 }

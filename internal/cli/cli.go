@@ -44,6 +44,7 @@ const usage = `space — Sandboxed Platform for Agentic Code Execution
 Server:
   space serve [flags]                 start SPACE (space serve -h for flags)
   space token create|list|revoke      manage API tokens in the data directory
+  space template build|list|inspect|tag|rm|gc   manage templates in the data directory
 
 Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space sandbox create|list|get|pause|suspend|wake|delete
@@ -105,6 +106,8 @@ func run(ctx context.Context, args []string, o Options) error {
 		return operationCmd(ctx, rest, o)
 	case "exec":
 		return execCmd(ctx, rest, o)
+	case "template", "templates":
+		return templateCmd(ctx, rest, o)
 	case "files", "file":
 		return filesCmd(ctx, rest, o)
 	case "help", "-h", "--help":

@@ -35,6 +35,12 @@ type Serve struct {
 	MaxSandboxes int
 	// AttachTokenTTL is how long an attachment token is valid.
 	AttachTokenTTL time.Duration
+	// Runsc is the runsc binary ("" = from PATH).
+	Runsc string
+	// AgentBin is the static space-agent binary ("" = beside space, or PATH).
+	AgentBin string
+	// BuildSeed builds seed:latest on start when it is missing.
+	BuildSeed bool
 }
 
 // Flags registers s's fields on fs, with defaults taken from the
@@ -58,6 +64,10 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.TLSCert, "tls-cert", "", "TLS certificate file (required to listen beyond loopback)")
 	str(&s.TLSKey, "tls-key", "", "TLS private key file")
 	str(&s.Runtime, "runtime", "auto", "sandbox runtime: auto, vm or gvisor")
+	str(&s.Runsc, "runsc", "", "runsc binary for the gvisor runtime (default: from PATH)")
+	str(&s.AgentBin, "agent-bin", "", "static space-agent binary (default: beside the space binary, else from PATH)")
+	buildSeed := os.Getenv(EnvName("build-seed")) != "false"
+	fs.BoolVar(&s.BuildSeed, "build-seed", buildSeed, "build the seed:latest template on start when it is missing (env "+EnvName("build-seed")+")")
 	str(&s.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
 	str(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	maxSbx := 1000

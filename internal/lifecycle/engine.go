@@ -137,6 +137,9 @@ func (e *Engine) Ready() error {
 	case e.cfg.Templates == nil:
 		return errors.New("no template store is configured")
 	}
+	if r, ok := e.cfg.Templates.(interface{ Ready() error }); ok {
+		return r.Ready()
+	}
 	return nil
 }
 

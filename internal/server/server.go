@@ -5,6 +5,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/store/sqlite"
+	"github.com/spacesandbox/space/internal/templates"
 )
 
 // Host is what this host offers the engine: the runtimes that work here and
@@ -36,6 +39,8 @@ type Host struct {
 	Templates lifecycle.Templates
 	// Default is the runtime used when a create names none ("" = first).
 	Default string
+	// TemplateStore, when set, is where builtin templates are built.
+	TemplateStore *templates.Store
 }
 
 // HostFunc discovers what the host offers, given the configuration and the
@@ -102,6 +107,17 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	defer eng.Close()
 	if err := eng.Start(ctx); err != nil {
 		return fmt.Errorf("start lifecycle engine: %w", err)
+	}
+	var buildWG sync.WaitGroup
+	defer buildWG.Wait()
+	if h.TemplateStore != nil && cfg.BuildSeed && len(h.Runtimes) > 0 {
+		if _, err := h.TemplateStore.Get("seed:latest"); err != nil {
+			buildWG.Add(1)
+			go func() {
+				defer buildWG.Done()
+				buildSeed(ctx, h.TemplateStore, log)
+			}()
+		}
 	}
 	if err := eng.Ready(); err != nil {
 		log.Warn("not ready to serve sandboxes", "reason", err.Error())
@@ -212,3 +228,41 @@ func newBootID() string {
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// buildSeed builds seed:latest, reporting progress in the log. The server
+// is not ready until a template exists.
+func buildSeed(ctx context.Context, store *templates.Store, log *slog.Logger) {
+	log.Info("building the seed:latest template from Debian packages (first start; about a minute)")
+	start := time.Now()
+	w := &lineLogger{log: log}
+	t, err := store.Build(ctx, "seed", w)
+	w.flush()
+	if err != nil {
+		log.Error("building seed:latest failed; build it with `space template build seed`", "err", err)
+		return
+	}
+	log.Info("seed:latest is ready", "digest", t.Digest, "duration", time.Since(start).Round(time.Millisecond))
+}
+
+// lineLogger turns a builder's output into progress log lines.
+type lineLogger struct {
+	log *slog.Logger
+	buf []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		if line := strings.TrimSpace(string(l.buf[:i])); line != "" {
+			l.log.Info("template build", "progress", line)
+		}
+		l.buf = l.buf[i+1:]
+	}
+	return len(p), nil
+}
+
+func (l *lineLogger) flush() { l.Write([]byte("\n")) }

@@ -179,6 +179,19 @@ func (s *Store) List(ctx context.Context) ([]Template, error) {
 	return out, nil
 }
 
+// Ready reports whether at least one template exists to create sandboxes
+// from.
+func (s *Store) Ready() error {
+	list, err := s.List(context.Background())
+	if err != nil {
+		return err
+	}
+	if len(list) == 0 {
+		return errors.New("no template exists yet (seed:latest is built on first start, or run `space template build seed`)")
+	}
+	return nil
+}
+
 // NewBuild returns an empty directory for a build; its rootfs goes in
 // <dir>/rootfs. Commit or Discard it.
 func (s *Store) NewBuild() (string, error) {

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spacesandbox/space/internal/templates"
+)
+
+// templateCmd manages the data directory's template store directly, like
+// `space token`: space template build|list|inspect|tag|rm|gc.
+func templateCmd(ctx context.Context, args []string, o Options) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: space template build test|seed | list | inspect NAME:TAG | tag NAME:TAG NEW:TAG | rm NAME:TAG | gc", errUsage)
+	}
+	fs := flag.NewFlagSet("space template", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parse(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	store, err := templates.Open(filepath.Join(*dataDir, "templates"))
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "build":
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space template build test|seed", errUsage)
+		}
+		start := time.Now()
+		t, err := store.Build(ctx, pos[0], o.Stderr)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(o.Stdout, t)
+		}
+		fmt.Fprintf(o.Stdout, "%s %s (%d MiB, built in %s)\n", t.Ref(), t.Digest, t.SizeBytes>>20, time.Since(start).Round(time.Millisecond))
+		return nil
+	case "list", "ls":
+		list, err := store.List(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(o.Stdout, list)
+		}
+		tw := tabwriter.NewWriter(o.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TEMPLATE\tDIGEST\tSIZE\tCREATED")
+		for _, t := range list {
+			fmt.Fprintf(tw, "%s\t%s\t%d MiB\t%s\n", t.Ref(), t.Digest[:19], t.SizeBytes>>20, t.CreatedAt.Format(time.RFC3339))
+		}
+		return tw.Flush()
+	case "inspect":
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space template inspect NAME:TAG", errUsage)
+		}
+		t, err := store.Get(pos[0])
+		if err != nil {
+			return err
+		}
+		return printJSON(o.Stdout, t)
+	case "tag":
+		if len(pos) != 2 {
+			return fmt.Errorf("%w: space template tag NAME:TAG NEWNAME:NEWTAG", errUsage)
+		}
+		t, err := store.Get(pos[0])
+		if err != nil {
+			return err
+		}
+		name, tag, err := templates.ParseRef(pos[1])
+		if err != nil {
+			return err
+		}
+		return store.Tag(name, tag, t.Digest)
+	case "rm":
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space template rm NAME:TAG", errUsage)
+		}
+		return store.Untag(pos[0])
+	case "gc":
+		// Content a sandbox still uses is referenced by the server; run gc
+		// only while it is stopped, or with care.
+		removed, err := store.GC(ctx, nil)
+		for _, d := range removed {
+			fmt.Fprintln(o.Stdout, "removed", d)
+		}
+		return err
+	}
+	return fmt.Errorf("%w: unknown template command %q", errUsage, args[0])
+}
