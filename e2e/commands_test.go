@@ -58,8 +58,8 @@ var seedCommand = map[string]any{
 	"timeout": "30s",
 }
 
-func TestCommandSeedExample(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCommandSeedExample(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	sess := s.command(sbx, seedCommand)
 	if sess.SessionID != sess.ProcessID || !strings.HasPrefix(sess.SessionID, "proc_") || !strings.HasPrefix(sess.Attach.URL, "http://"+s.dpAddr+"/v1/sessions/"+sess.SessionID+"/events") {
@@ -90,8 +90,8 @@ func TestCommandSeedExample(t *testing.T) {
 	}
 }
 
-func TestCommandOutcomes(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCommandOutcomes(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	tr, _ := s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
 	if string(tr.stdout) != "out\n" || string(tr.stderr) != "err\n" || *tr.exitCode != 3 {
@@ -120,8 +120,8 @@ func TestCommandOutcomes(t *testing.T) {
 	}
 }
 
-func TestCommandBadRequests(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCommandBadRequests(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	for _, body := range []string{`{}`, `{"command":[]}`, `{"command":"sh -c true"}`, `{"command":[""]}`, `{"command":["true"],"cwd":"tmp"}`,
 		`{"command":["true"],"timeout":"forever"}`, `{"command":["true"],"timeout":"-1s"}`, `{"command":["true"],"env":{"1":"x"}}`,
@@ -142,8 +142,8 @@ func TestCommandBadRequests(t *testing.T) {
 	expectError(t, s.do("GET", "/v1/sandboxes/"+sbx+"/files?path=/tmp", s.token, nil), 409, "failed_precondition")
 }
 
-func TestAttachTokenScoping(t *testing.T) {
-	s := startServer(t, serverOpts{args: []string{"--runtime", "fake", "--attach-token-ttl", "2s"}})
+func testAttachTokenScoping(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt, "--attach-token-ttl", "2s")
 	sbx := s.createRunning()
 	a := s.command(sbx, map[string]any{"command": []string{"true"}})
 	b := s.command(sbx, map[string]any{"command": []string{"true"}})
@@ -181,8 +181,8 @@ func TestAttachTokenScoping(t *testing.T) {
 }
 
 // 100 MiB of output arrives intact while the server's memory stays bounded.
-func TestCommandLargeOutput(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCommandLargeOutput(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	tr, _ := s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c",
 		"head -c 104857600 /dev/urandom > /tmp/space-e2e-big.$$; sha256sum /tmp/space-e2e-big.$$ >&2; cat /tmp/space-e2e-big.$$; rm /tmp/space-e2e-big.$$"}})
@@ -202,8 +202,8 @@ func TestCommandLargeOutput(t *testing.T) {
 
 // A client that disconnects mid-stream and reconnects with Last-Event-ID
 // gets every byte exactly once; an evicted id yields resync_required first.
-func TestCommandResumeWithLastEventID(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCommandResumeWithLastEventID(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	sess := s.command(sbx, map[string]any{"command": []string{"sh", "-c", "for i in $(seq 1 200); do echo line-$i; sleep 0.005; done"}})
 	tr := &transcript{}
@@ -272,8 +272,8 @@ func TestCommandResumeWithLastEventID(t *testing.T) {
 	}
 }
 
-func TestCommandTwoAttachers(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCommandTwoAttachers(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	sess := s.command(sbx, map[string]any{"command": []string{"sh", "-c", "sleep 0.3; seq 1 20000"}})
 	var wg sync.WaitGroup
@@ -296,8 +296,8 @@ func TestCommandTwoAttachers(t *testing.T) {
 	}
 }
 
-func TestCommandStdinPTYAndSignals(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCommandStdinPTYAndSignals(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	dp := func(method, path, token string, body []byte) reply {
 		req, _ := http.NewRequest(method, "http://"+s.dpAddr+path, bytes.NewReader(body))
@@ -382,8 +382,8 @@ func TestCommandStdinPTYAndSignals(t *testing.T) {
 	expectError(t, s.do("POST", "/v1/sandboxes/"+sbx+"/processes/"+sess.ProcessID+":signal", s.token, []byte(`{}`)), 400, "invalid_argument")
 }
 
-func TestFilesAPI(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testFilesAPI(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	base := "/v1/sandboxes/" + sbx + "/files"
 	bin := make([]byte, 1<<20+333)
@@ -425,7 +425,7 @@ func TestFilesAPI(t *testing.T) {
 }
 
 // ".." and symlinks never reach outside the sandbox's file system.
-func TestFilesPathsStayInside(t *testing.T) {
+func TestFilesPathsStayInsideFakeRuntime(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	sbx := s.createRunning()
 	base := "/v1/sandboxes/" + sbx + "/files"
@@ -455,11 +455,11 @@ func TestFilesPathsStayInside(t *testing.T) {
 }
 
 // A 1 GiB file goes up and comes back intact with bounded server memory.
-func TestFilesLargeTransfer(t *testing.T) {
+func testFilesLargeTransfer(t *testing.T, rt string) {
 	if testing.Short() {
 		t.Skip("1 GiB transfer skipped in -short mode")
 	}
-	s := startServer(t, serverOpts{})
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	const size = 1 << 30
 	url := "http://" + s.apiAddr + "/v1/sandboxes/" + sbx + "/files?path=/big.bin"
@@ -511,8 +511,8 @@ func (p *pattern) Read(b []byte) (int, error) {
 
 var _ = client.IsCode
 
-func TestCLIExecAndFiles(t *testing.T) {
-	s := startServer(t, serverOpts{})
+func testCLIExecAndFiles(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	out, errOut, code := s.runCLI("exec", sbx, "--cwd", "/tmp", "--env", "GREETING=Hello from SPACE", "--", "sh", "-c", `printf '%s\n' "$GREETING"; pwd; echo to-stderr >&2; exit 4`)
 	if out != "Hello from SPACE\n/tmp\n" || errOut != "to-stderr\n" || code != 4 {
@@ -543,5 +543,34 @@ func TestCLIExecAndFiles(t *testing.T) {
 	}
 	if _, errOut, code := s.runCLI("files", "get", sbx, "/data/missing"); code != 1 || !strings.Contains(errOut, "not_found") {
 		t.Fatalf("files get missing: %d %q", code, errOut)
+	}
+}
+
+// TestCommandsAndFiles runs the commands and files suite on every runtime:
+// the FAKE runtime's host-process agent always, gVisor where it runs (and
+// CI requires it there: SPACE_REQUIRE_GVISOR=1).
+func TestCommandsAndFiles(t *testing.T) {
+	suite := []struct {
+		name string
+		fn   func(*testing.T, string)
+	}{
+		{"SeedExample", testCommandSeedExample},
+		{"Outcomes", testCommandOutcomes},
+		{"BadRequests", testCommandBadRequests},
+		{"AttachTokenScoping", testAttachTokenScoping},
+		{"LargeOutput", testCommandLargeOutput},
+		{"ResumeWithLastEventID", testCommandResumeWithLastEventID},
+		{"TwoAttachers", testCommandTwoAttachers},
+		{"StdinPTYAndSignals", testCommandStdinPTYAndSignals},
+		{"FilesAPI", testFilesAPI},
+		{"FilesLargeTransfer", testFilesLargeTransfer},
+		{"CLIExecAndFiles", testCLIExecAndFiles},
+	}
+	for _, rt := range e2eRuntimes(t) {
+		t.Run(rt, func(t *testing.T) {
+			for _, tc := range suite {
+				t.Run(tc.name, func(t *testing.T) { tc.fn(t, rt) })
+			}
+		})
 	}
 }

@@ -71,6 +71,8 @@ type server struct {
 	env     []string
 	args    []string
 	token   string
+	// template is what createRunning creates sandboxes from ("" = default).
+	template string
 
 	mu   sync.Mutex // guards cmd and done
 	cmd  *exec.Cmd
@@ -81,9 +83,11 @@ type server struct {
 }
 
 type serverOpts struct {
-	bin  string   // default spaceFakeBin
-	args []string // extra flags (default: --runtime fake)
-	env  []string // extra environment
+	bin      string   // default spaceFakeBin
+	args     []string // extra flags (default: --runtime fake)
+	env      []string // extra environment
+	dataDir  string   // default: a new temporary directory
+	template string   // template createRunning uses (default: the server's)
 }
 
 func freeAddr(t *testing.T) string {
@@ -105,7 +109,10 @@ func startServer(t *testing.T, o serverOpts) *server {
 	if o.args == nil && o.bin == spaceFakeBin {
 		o.args = []string{"--runtime", "fake"}
 	}
-	s := &server{t: t, bin: o.bin, dataDir: t.TempDir(), apiAddr: freeAddr(t), dpAddr: freeAddr(t), env: o.env, args: o.args}
+	if o.dataDir == "" {
+		o.dataDir = t.TempDir()
+	}
+	s := &server{t: t, bin: o.bin, dataDir: o.dataDir, apiAddr: freeAddr(t), dpAddr: freeAddr(t), env: o.env, args: o.args, template: o.template}
 	s.start()
 	t.Cleanup(s.stop)
 	b, err := os.ReadFile(filepath.Join(s.dataDir, "api-token"))
@@ -281,7 +288,7 @@ func (s *server) waitOp(id string) *client.Operation {
 // createRunning creates a sandbox and waits for it to run.
 func (s *server) createRunning() string {
 	s.t.Helper()
-	out, _, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{}, "")
+	out, _, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{Template: s.template}, "")
 	if err != nil {
 		s.t.Fatal(err)
 	}

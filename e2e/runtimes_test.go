@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/spacesandbox/space/internal/runtime/gvisor"
+)
+
+var (
+	gvisorOnce sync.Once
+	gvisorWhy  string // why gVisor cannot run here ("" = it can)
+)
+
+// gvisorAvailable reports whether the gvisor runtime can run here.
+func gvisorAvailable() (bool, string) {
+	gvisorOnce.Do(func() {
+		runsc, err := exec.LookPath("runsc")
+		switch {
+		case err != nil:
+			gvisorWhy = "runsc is not installed"
+		case os.Geteuid() != 0:
+			gvisorWhy = "gVisor needs root"
+		default:
+			if err := gvisor.Probe(context.Background(), runsc); err != nil {
+				gvisorWhy = err.Error()
+			}
+		}
+	})
+	return gvisorWhy == "", gvisorWhy
+}
+
+// e2eRuntimes lists the runtimes the suites run on here. With
+// SPACE_REQUIRE_GVISOR=1 (CI), gVisor missing fails the test instead of
+// being skipped.
+func e2eRuntimes(t *testing.T) []string {
+	rts := []string{"fake"}
+	if ok, why := gvisorAvailable(); ok {
+		rts = append(rts, "gvisor")
+	} else if os.Getenv("SPACE_REQUIRE_GVISOR") == "1" {
+		t.Fatalf("SPACE_REQUIRE_GVISOR=1 but gVisor cannot run: %s", why)
+	} else {
+		t.Logf("gvisor runtime not tested here: %s", why)
+	}
+	return rts
+}
+
+// requireGVisor skips (or, in CI, fails) a gVisor-only test.
+func requireGVisor(t *testing.T) {
+	t.Helper()
+	if ok, why := gvisorAvailable(); !ok {
+		if os.Getenv("SPACE_REQUIRE_GVISOR") == "1" {
+			t.Fatalf("SPACE_REQUIRE_GVISOR=1 but gVisor cannot run: %s", why)
+		}
+		t.Skipf("gVisor cannot run here: %s", why)
+	}
+}
+
+// startRuntimeServer starts a server whose sandboxes run on rt. For gvisor
+// it is the production binary with the `test` template built into its
+// data directory first.
+func startRuntimeServer(t *testing.T, rt string, extra ...string) *server {
+	t.Helper()
+	if rt == "fake" {
+		return startServer(t, serverOpts{args: append([]string{"--runtime", "fake"}, extra...)})
+	}
+	dataDir := t.TempDir()
+	cmd := exec.Command(spaceBin, "template", "build", "test", "--data-dir", dataDir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build test template: %v\n%s", err, out)
+	}
+	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "test:latest",
+		args: append([]string{"--runtime", rt, "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}, extra...)})
+	t.Cleanup(func() { cleanupGVisor(dataDir) })
+	return s
+}
+
+// cleanupGVisor kills and deletes every sandbox a gvisor server left and
+// releases runsc's namespace mount, so tests leave nothing on the host.
+func cleanupGVisor(dataDir string) {
+	root := filepath.Join(dataDir, "runtime", "gvisor", "runsc")
+	out, _ := exec.Command("runsc", "--root", root, "list", "-q").Output()
+	for _, id := range splitLines(string(out)) {
+		exec.Command("runsc", "--root", root, "kill", "--all", id, "KILL").Run()
+		exec.Command("runsc", "--root", root, "delete", "--force", id).Run()
+	}
+	exec.Command("umount", "-l", filepath.Join(root, "null-netns")).Run()
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == '\n' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	return out
+}
