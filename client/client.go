@@ -153,14 +153,7 @@ func (c *Client) once(ctx context.Context, method, u, key string, payload []byte
 	}
 	r := &Response{Status: resp.StatusCode, Replayed: resp.Header.Get("Idempotent-Replayed") == "true", Location: resp.Header.Get("Location"), IdempotencyKey: key}
 	if resp.StatusCode >= 300 {
-		var env struct {
-			Error *Error `json:"error"`
-		}
-		if json.Unmarshal(b, &env) != nil || env.Error == nil {
-			return r, &Error{Status: resp.StatusCode, Code: "unknown", Message: strings.TrimSpace(string(b))}
-		}
-		env.Error.Status = resp.StatusCode
-		return r, env.Error
+		return r, apiError(resp.StatusCode, b)
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
@@ -168,6 +161,18 @@ func (c *Client) once(ctx context.Context, method, u, key string, payload []byte
 		}
 	}
 	return r, nil
+}
+
+// apiError decodes an error response's envelope.
+func apiError(status int, body []byte) error {
+	var env struct {
+		Error *Error `json:"error"`
+	}
+	if json.Unmarshal(body, &env) != nil || env.Error == nil {
+		return &Error{Status: status, Code: "unknown", Message: strings.TrimSpace(string(body))}
+	}
+	env.Error.Status = status
+	return env.Error
 }
 
 // ListOptions page through a list.

@@ -120,14 +120,7 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var env struct {
-			Error *Error `json:"error"`
-		}
-		if json.Unmarshal(b, &env) == nil && env.Error != nil {
-			env.Error.Status = resp.StatusCode
-			return nil, "", env.Error
-		}
-		return nil, "", &Error{Status: resp.StatusCode, Code: "unknown", Message: strings.TrimSpace(string(b))}
+		return nil, "", apiError(resp.StatusCode, b)
 	}
 	r := bufio.NewReaderSize(resp.Body, 1<<20)
 	last := lastEventID
@@ -225,14 +218,7 @@ func (c *Client) rawRequest(ctx context.Context, method, u string, body io.Reade
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var env struct {
-			Error *Error `json:"error"`
-		}
-		if json.Unmarshal(b, &env) == nil && env.Error != nil {
-			env.Error.Status = resp.StatusCode
-			return nil, env.Error
-		}
-		return nil, &Error{Status: resp.StatusCode, Code: "unknown", Message: strings.TrimSpace(string(b))}
+		return nil, apiError(resp.StatusCode, b)
 	}
 	return resp, nil
 }
@@ -296,14 +282,7 @@ func (c *Client) sessionPost(ctx context.Context, s *Session, suffix string, bod
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var env struct {
-			Error *Error `json:"error"`
-		}
-		if json.Unmarshal(b, &env) == nil && env.Error != nil {
-			env.Error.Status = resp.StatusCode
-			return env.Error
-		}
-		return &Error{Status: resp.StatusCode, Code: "unknown", Message: strings.TrimSpace(string(b))}
+		return apiError(resp.StatusCode, b)
 	}
 	return nil
 }

@@ -144,6 +144,14 @@ func TestGVisorDeleteLeavesNothing(t *testing.T) {
 func TestGVisorPathsStayInside(t *testing.T) {
 	requireGVisor(t)
 	s := startRuntimeServer(t, "gvisor")
+	if r := s.do("GET", "/v1/templates", s.token, nil); r.status != 200 || !bytes.Contains(r.body, []byte(`"name":"test"`)) {
+		t.Fatalf("templates = %d %s", r.status, r.body)
+	}
+	if r := s.do("GET", "/v1/templates/test:latest", s.token, nil); r.status != 200 || !bytes.Contains(r.body, []byte(`"digest":"sha256:`)) {
+		t.Fatalf("template test:latest = %d %s", r.status, r.body)
+	}
+	expectError(t, s.do("GET", "/v1/templates/nope:latest", s.token, nil), 404, "not_found")
+	expectError(t, s.do("GET", "/v1/templates/nope", s.token, nil), 404, "not_found")
 	sbx := s.createRunning()
 	s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "ln -s / /tmp/root-link; echo inside > /etc/marker"}})
 	base := "/v1/sandboxes/" + sbx + "/files"

@@ -11,11 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
 )
 
 // event is one Server-Sent Event.
@@ -201,27 +201,7 @@ func killAgents(dataDir string) {
 		}
 		b, _ := os.ReadFile(f)
 		if json.Unmarshal(b, &st) == nil && st.AgentPID > 0 {
-			killSession(st.AgentPID)
-		}
-	}
-}
-
-func killSession(sid int) {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		rest := string(b)
-		if i := strings.LastIndexByte(rest, ')'); i >= 0 {
-			rest = rest[i+1:]
-		}
-		var st string
-		var ppid, pgrp, session, pid int
-		fmt.Sscan(e.Name(), &pid)
-		if _, err := fmt.Sscan(rest, &st, &ppid, &pgrp, &session); err == nil && session == sid && pid > 1 {
-			syscall.Kill(pid, syscall.SIGKILL)
+			fakeruntime.KillSession(st.AgentPID)
 		}
 	}
 }

@@ -9,11 +9,11 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
-	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
@@ -63,67 +63,29 @@ func (d *DataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
 	writeError(w, r, d.log, err)
 }
 
-// ServeHTTP routes and authenticates a data-plane request.
+// ServeHTTP routes a data-plane request and authenticates it with the
+// session's attachment token.
 func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	sw := &statusWriter{ResponseWriter: w}
-	routeName := "unmatched"
-	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
-				panic(v)
-			}
-			d.log.Error("panic serving data-plane request", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
-			if sw.status == 0 {
-				writeError(sw, r, d.log, errdefs.New(errdefs.Internal, "internal error"))
-			}
-		}
-		if d.metrics != nil {
-			d.metrics.ObserveRequest("data", routeName, r.Method, sw.status, time.Since(start))
-		}
-	}()
 	if r.URL.Path == "/healthz" && r.Method == http.MethodGet {
-		writeJSON(sw, r, d.log, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, r, d.log, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
-	route, p, allowed := d.router.match(r.Method, r.URL.Path)
-	if route == nil {
-		if len(allowed) > 0 {
-			sw.Header().Set("Allow", strings.Join(allowed, ", "))
-			d.fail(sw, r, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
-			return
+	serve(w, r, "data", d.router, d.metrics, d.log, func(r *http.Request, p params) error {
+		sid := p["session_id"]
+		if !ids.Valid(ids.Process, sid) {
+			return errdefs.New(errdefs.NotFound, "no such session")
 		}
-		d.fail(sw, r, errdefs.New(errdefs.NotFound, "no such endpoint"))
-		return
-	}
-	routeName = route.Pattern
-	sid := p["session_id"]
-	if !ids.Valid(ids.Process, sid) {
-		d.fail(sw, r, errdefs.New(errdefs.NotFound, "no such session"))
-		return
-	}
-	tok, ok := bearer(r)
-	if !ok {
-		sw.Header().Set("WWW-Authenticate", `Bearer realm="space-data-plane"`)
-		d.fail(sw, r, errdefs.New(errdefs.Unauthenticated, "missing or invalid attachment token"))
-		return
-	}
-	claims, err := d.cmds.Signer().Verify(tok, sid)
-	if err != nil {
-		d.fail(sw, r, err)
-		return
-	}
-	p["sandbox_id"] = claims.Sandbox
-	route.Handler(sw, r, p)
-}
-
-func bearer(r *http.Request) (string, bool) {
-	scheme, value, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	value = strings.TrimSpace(value)
-	return value, value != ""
+		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
+		if !ok {
+			return errdefs.New(errdefs.Unauthenticated, "missing or invalid attachment token")
+		}
+		claims, err := d.cmds.Signer().Verify(tok, sid)
+		if err != nil {
+			return err
+		}
+		p["sandbox_id"] = claims.Sandbox
+		return nil
+	})
 }
 
 func newSubscriber() string {

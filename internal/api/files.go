@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"net/http"
+	"net/url"
 	"path"
 	"strconv"
 
@@ -43,23 +44,30 @@ func parseMode(s string, def uint32) (uint32, error) {
 	return uint32(m), nil
 }
 
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
+// fileTarget checks a files request — sandbox id, query parameters (only
+// allowed, always with "path"), path — and finds the running sandbox's agent.
+func (s *Server) fileTarget(r *http.Request, p params, allowed ...string) (*agentclient.Client, string, url.Values, error) {
 	id, err := sandboxID(p)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, "", nil, err
 	}
-	q, err := query(r, "path")
+	q, err := query(r, append(allowed, "path")...)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, "", nil, err
 	}
 	name, err := filePath(q.Get("path"), "path")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, "", nil, err
 	}
 	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return ag, name, q, nil
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
+	ag, name, _, err := s.fileTarget(r, p)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -93,38 +101,23 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
 		}
 		res, data, err = ag.ReadFile(r.Context(), name, sent, fileChunk)
 		if err != nil || len(data) == 0 {
-			s.log.Warn("file read ended early", "sandbox_id", id, "path", name, "sent", sent, "size", size, "err", err)
+			s.log.Warn("file read ended early", "sandbox_id", p["id"], "path", name, "sent", sent, "size", size, "err", err)
 			panic(http.ErrAbortHandler) // the client sees a truncated body, never a short "success"
 		}
 	}
 }
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p params) {
-	id, err := sandboxID(p)
-	if err != nil {
-		s.fail(w, r, err)
+	if r.ContentLength > MaxFileSize {
+		s.fail(w, r, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize))
 		return
 	}
-	q, err := query(r, "path", "mode")
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	name, err := filePath(q.Get("path"), "path")
+	ag, name, q, err := s.fileTarget(r, p, "mode")
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	mode, err := parseMode(q.Get("mode"), 0o644)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if r.ContentLength > MaxFileSize {
-		s.fail(w, r, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize))
-		return
-	}
-	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -151,15 +144,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p params) {
 
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) {
 	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
-		id, err := sandboxID(p)
-		if err != nil {
-			return response{}, err
-		}
-		q, err := query(r, "path", "recursive")
-		if err != nil {
-			return response{}, err
-		}
-		name, err := filePath(q.Get("path"), "path")
+		ag, name, q, err := s.fileTarget(r, p, "recursive")
 		if err != nil {
 			return response{}, err
 		}
@@ -174,10 +159,6 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) {
 		if len(body) > 0 {
 			return response{}, errdefs.New(errdefs.InvalidArgument, "DELETE takes no body")
 		}
-		ag, _, err := s.commands.Agents().Agent(r.Context(), id)
-		if err != nil {
-			return response{}, err
-		}
 		if err := ag.Remove(r.Context(), name, recursive); err != nil {
 			return response{}, commands.AgentError("delete file", err)
 		}
@@ -187,17 +168,7 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) {
 }
 
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p params) {
-	id, err := sandboxID(p)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	q, err := query(r, "path", "depth")
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	name, err := filePath(q.Get("path"), "path")
+	ag, name, q, err := s.fileTarget(r, p, "depth")
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -209,11 +180,6 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p params) {
 			return
 		}
 	}
-	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
 	l, err := ag.List(r.Context(), name, depth)
 	if err != nil {
 		s.fail(w, r, commands.AgentError("list files", err))
@@ -223,22 +189,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p params) {
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request, p params) {
-	id, err := sandboxID(p)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	q, err := query(r, "path")
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	name, err := filePath(q.Get("path"), "path")
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	ag, _, err := s.commands.Agents().Agent(r.Context(), id)
+	ag, name, _, err := s.fileTarget(r, p)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -5,6 +5,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -118,8 +119,24 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// ServeHTTP routes, authenticates, recovers panics and records metrics.
+// ServeHTTP routes, authenticates with the API token, recovers panics and
+// records metrics.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	serve(w, r, "api", s.router, s.metrics, s.log, func(r *http.Request, p params) error {
+		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
+		if !ok {
+			return errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
+		}
+		_, err := s.tokens.Verify(r.Context(), tok)
+		return err
+	})
+}
+
+// serve is what both listeners do with a request: route it, authenticate
+// it with authn when the route needs it (a failure is answered with the
+// error and a WWW-Authenticate challenge), turn panics into 500s, and
+// record its latency and status.
+func serve(w http.ResponseWriter, r *http.Request, listener string, rt *router, m *metrics.Metrics, log *slog.Logger, authn func(*http.Request, params) error) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
 	routeName := "unmatched"
@@ -128,36 +145,32 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if v == http.ErrAbortHandler {
 				panic(v)
 			}
-			s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			log.Error("panic serving request", "listener", listener, "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
 			if sw.status == 0 {
-				writeError(sw, r, s.log, errdefs.New(errdefs.Internal, "internal error"))
+				writeError(sw, r, log, errdefs.New(errdefs.Internal, "internal error"))
 			}
 		}
-		if s.metrics != nil {
-			s.metrics.ObserveRequest("api", routeName, r.Method, sw.status, time.Since(start))
+		if m != nil {
+			m.ObserveRequest(listener, routeName, r.Method, sw.status, time.Since(start))
 		}
 	}()
-	route, p, allowed := s.router.match(r.Method, r.URL.Path)
+	route, p, allowed := rt.match(r.Method, r.URL.Path)
 	if route == nil {
 		if len(allowed) > 0 {
 			sw.Header().Set("Allow", strings.Join(allowed, ", "))
-			s.fail(sw, r, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
+			writeError(sw, r, log, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
 			return
 		}
-		s.fail(sw, r, errdefs.New(errdefs.NotFound, "no such endpoint"))
+		writeError(sw, r, log, errdefs.New(errdefs.NotFound, "no such endpoint"))
 		return
 	}
 	routeName = route.Pattern
 	if route.Auth {
-		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
-		if !ok {
-			sw.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
-			s.fail(sw, r, errdefs.New(errdefs.Unauthenticated, "missing or invalid API token"))
-			return
-		}
-		if _, err := s.tokens.Verify(r.Context(), tok); err != nil {
-			sw.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
-			s.fail(sw, r, err)
+		if err := authn(r, p); err != nil {
+			if errors.Is(err, errdefs.Unauthenticated) {
+				sw.Header().Set("WWW-Authenticate", `Bearer realm="space-`+listener+`"`)
+			}
+			writeError(sw, r, log, err)
 			return
 		}
 	}

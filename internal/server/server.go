@@ -150,7 +150,11 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		dataURL = scheme + "://" + dataLn.Addr().String()
 	}
 	cmds := commands.New(commands.Config{Agents: eng, Signer: signer, DataPlaneURL: dataURL, TokenTTL: cfg.AttachTokenTTL, Logger: log})
-	apiSrv := api.New(api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID})
+	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID}
+	if h.TemplateStore != nil {
+		acfg.Templates = h.TemplateStore
+	}
+	apiSrv := api.New(acfg)
 	dataSrv := api.NewDataPlane(api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID})
 	servers := []*http.Server{
 		newHTTPServer(apiSrv, log),

@@ -273,7 +273,7 @@ func (r *Runtime) Delete(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	return r.transition(ctx, "delete", id, runtime.StatusAbsent, func(s *state) error {
 		if s.AgentPID != 0 {
-			killSession(s.AgentPID)
+			KillSession(s.AgentPID)
 		}
 		if ep, ok := r.endpoints[id]; ok {
 			ep.Close()
@@ -327,9 +327,9 @@ func (r *Runtime) Agent(ctx context.Context, spec runtime.Spec) (*agentclient.Cl
 	return ep.Client(ctx)
 }
 
-// killSession kills every process of the session led by sid: the agent and
+// KillSession kills every process of the session led by sid: the agent and
 // the commands it started (each in its own process group, same session).
-func killSession(sid int) {
+func KillSession(sid int) {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid := 0
