@@ -170,7 +170,9 @@ func (c *Client) ListOperations(ctx context.Context, sandboxID string, o ListOpt
 
 // WaitOperation polls an operation until it is terminal or ctx ends.
 func (c *Client) WaitOperation(ctx context.Context, id string) (*Operation, error) {
-	delay := 5 * time.Millisecond
+	// Short, bounded intervals: most operations finish in milliseconds,
+	// and a coarse interval would add up to itself to every wait.
+	delay := time.Millisecond
 	for {
 		op, err := c.GetOperation(ctx, id)
 		if err != nil {
@@ -184,7 +186,7 @@ func (c *Client) WaitOperation(ctx context.Context, id string) (*Operation, erro
 			return op, ctx.Err()
 		case <-time.After(delay):
 		}
-		if delay < 250*time.Millisecond {
+		if delay < 20*time.Millisecond {
 			delay *= 2
 		}
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -179,4 +180,35 @@ func TestGVisorPathsStayInside(t *testing.T) {
 		t.Fatalf("sandboxes not independent:\n%s\n%s", a.stdout, b.stdout)
 	}
 	_ = time.Second
+}
+
+// `space bench --quick` measures every row through the public API.
+func TestBenchQuickGVisor(t *testing.T) {
+	requireGVisor(t)
+	s := startRuntimeServer(t, "gvisor")
+	out := filepath.Join(t.TempDir(), "bench.json")
+	stdout, stderr, code := s.runCLIWith(spaceBin, "bench", "--quick", "--template", "test:latest", "--json-out", out)
+	if code != 0 {
+		t.Fatalf("bench exit %d: %s", code, stderr)
+	}
+	t.Logf("\n%s", stdout)
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Runtime string
+		Rows    []struct {
+			Name string
+			P50  float64
+		}
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != "gvisor" || len(rep.Rows) != 8 {
+		t.Fatalf("report = %s (%v)", b, err)
+	}
+	for _, r := range rep.Rows {
+		if r.P50 <= 0 {
+			t.Fatalf("row %q measured nothing", r.Name)
+		}
+	}
 }

@@ -298,10 +298,16 @@ func (s *server) createRunning() string {
 	return out.Sandbox.ID
 }
 
-// runCLI runs the space CLI against s and returns stdout and the exit code.
+// runCLI runs the space CLI against s and returns stdout, stderr and the
+// exit code.
 func (s *server) runCLI(args ...string) (string, string, int) {
 	s.t.Helper()
-	cmd := exec.Command(s.bin, args...)
+	return s.runCLIWith(s.bin, args...)
+}
+
+func (s *server) runCLIWith(bin string, args ...string) (string, string, int) {
+	s.t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "SPACE_API_URL=http://"+s.apiAddr, "SPACE_API_TOKEN="+s.token, "SPACE_DATA_DIR="+s.dataDir)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -43,17 +43,21 @@ func main() {
 		err := a.Serve(ctx, stdio{})
 		log.Info("host connection ended", "err", err)
 	case "unix", "file":
-		backoff := 10 * time.Millisecond
+		// Redial quickly: after a restore the host is usually listening
+		// already, and a long backoff saved into the snapshot would delay
+		// every wake. A failed unix connect costs microseconds.
+		const first, most = 2 * time.Millisecond, 50 * time.Millisecond
+		backoff := first
 		for {
 			conn, err := dial(kind, target)
 			if err != nil {
 				time.Sleep(backoff)
-				if backoff < time.Second {
+				if backoff < most {
 					backoff *= 2
 				}
 				continue
 			}
-			backoff = 10 * time.Millisecond
+			backoff = first
 			if err := a.Serve(ctx, conn); err != nil {
 				log.Warn("host connection ended", "err", err)
 			}

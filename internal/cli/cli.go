@@ -51,6 +51,7 @@ Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space operation get|wait|list
   space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
   space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
+  space bench [--runtime R --template T --runs N --quick --json-out FILE]
 
 Add --json to client verbs for machine-readable output.
 `
@@ -108,6 +109,8 @@ func run(ctx context.Context, args []string, o Options) error {
 		return execCmd(ctx, rest, o)
 	case "template", "templates":
 		return templateCmd(ctx, rest, o)
+	case "bench":
+		return benchCmd(ctx, rest, o)
 	case "files", "file":
 		return filesCmd(ctx, rest, o)
 	case "help", "-h", "--help":
@@ -131,14 +134,21 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 }
 
-func (c *clientFlags) client() (*client.Client, error) {
-	tok := c.token
-	if tok == "" {
-		dir := envOr("SPACE_DATA_DIR", "/var/lib/space")
-		if b, err := os.ReadFile(filepath.Join(dir, "api-token")); err == nil {
-			tok = strings.TrimSpace(string(b))
-		}
+// resolvedToken is the flag's or environment's token, else the data
+// directory's api-token file when readable.
+func (c *clientFlags) resolvedToken() string {
+	if c.token != "" {
+		return c.token
 	}
+	dir := envOr("SPACE_DATA_DIR", "/var/lib/space")
+	if b, err := os.ReadFile(filepath.Join(dir, "api-token")); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	return ""
+}
+
+func (c *clientFlags) client() (*client.Client, error) {
+	tok := c.resolvedToken()
 	if tok == "" {
 		return nil, errors.New("no API token: set SPACE_API_TOKEN or pass --token")
 	}

@@ -10,31 +10,51 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
-// completeMarker is written into a snapshot directory once a checkpoint
-// finished; a directory without it holds no usable snapshot.
-const completeMarker = "space-snapshot-complete"
+// A snapshot directory holds checkpoint generations, one subdirectory each,
+// and a marker naming the generation to restore. The marker is written only
+// after a checkpoint finished, and removed once the sandbox was restored from
+// it. A generation's files stay until the next checkpoint succeeded: a
+// restored sandbox may still be paging memory in from them (restore
+// --background), and a new checkpoint no longer needs them.
+const currentMarker = "current"
 
-func snapshotComplete(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, completeMarker))
-	return err == nil
+// snapshotGen returns the generation directory to restore, or "".
+func snapshotGen(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, currentMarker))
+	if err != nil {
+		return ""
+	}
+	gen := filepath.Join(dir, strings.TrimSpace(string(b)))
+	if filepath.Dir(gen) != filepath.Clean(dir) {
+		return ""
+	}
+	if _, err := os.Stat(gen); err != nil {
+		return ""
+	}
+	return gen
 }
+
+func snapshotComplete(dir string) bool { return snapshotGen(dir) != "" }
 
 // Create boots a sandbox and waits for its agent. A half-made sandbox of the
 // same id (a crash during create) is removed and made again.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	st, err := r.state(ctx, spec)
-	if err != nil {
-		return err
-	}
-	if st != nil && st.Status == "running" {
-		return r.waitAgent(ctx, id)
-	}
-	if st != nil {
+	// A sandbox directory means an earlier attempt got somewhere: finish or
+	// redo it. Without one (the common case) runsc need not be asked.
+	if _, err := os.Stat(r.sandboxDir(id)); err == nil {
+		st, err := r.state(ctx, spec)
+		if err != nil {
+			return err
+		}
+		if st != nil && st.Status == "running" {
+			return r.waitAgent(ctx, id)
+		}
 		if err := r.destroy(ctx, spec); err != nil {
 			return err
 		}
@@ -55,35 +75,31 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 	return r.waitAgent(ctx, id)
 }
 
-// Pause freezes every task of the sandbox.
+// Pause freezes every task of the sandbox. The common case costs one runsc
+// call; only a refusal is looked into (already paused is success).
 func (r *Runtime) Pause(ctx context.Context, spec runtime.Spec) error {
-	st, err := r.state(ctx, spec)
-	if err != nil {
-		return err
-	}
-	switch {
-	case st == nil:
-		return fmt.Errorf("pause %s: %w", spec.SandboxID, runtime.ErrNotFound)
-	case st.Status == "paused":
-		return nil
-	}
-	_, err = r.runsc(ctx, spec, "pause", spec.SandboxID)
-	return err
+	return r.freeze(ctx, spec, "pause", "paused")
 }
 
-// Resume unfreezes a paused sandbox.
+// Resume unfreezes a paused sandbox (running already is success).
 func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
-	st, err := r.state(ctx, spec)
-	if err != nil {
-		return err
-	}
-	switch {
-	case st == nil:
-		return fmt.Errorf("resume %s: %w", spec.SandboxID, runtime.ErrNotFound)
-	case st.Status == "running":
+	return r.freeze(ctx, spec, "resume", "running")
+}
+
+func (r *Runtime) freeze(ctx context.Context, spec runtime.Spec, verb, want string) error {
+	_, err := r.runsc(ctx, spec, verb, spec.SandboxID)
+	if err == nil {
 		return nil
 	}
-	_, err = r.runsc(ctx, spec, "resume", spec.SandboxID)
+	st, serr := r.state(ctx, spec)
+	switch {
+	case serr != nil:
+		return errors.Join(err, serr)
+	case st == nil:
+		return fmt.Errorf("%s %s: %w", verb, spec.SandboxID, runtime.ErrNotFound)
+	case st.Status == want:
+		return nil
+	}
 	return err
 }
 
@@ -110,20 +126,42 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 			return err
 		}
 	}
-	os.Remove(filepath.Join(dir, completeMarker))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	gen := fmt.Sprintf("gen-%d", time.Now().UnixNano())
+	gdir := filepath.Join(dir, gen)
+	if err := os.MkdirAll(gdir, 0o700); err != nil {
 		return err
 	}
-	if _, err := r.runsc(ctx, spec, "checkpoint", "--image-path", dir, id); err != nil {
+	if _, err := r.runsc(ctx, spec, "checkpoint", "--image-path", gdir, id); err != nil {
+		os.RemoveAll(gdir)
 		return err
 	}
-	if err := syncDir(dir); err != nil {
+	if err := syncDir(gdir); err != nil {
 		return fmt.Errorf("sync snapshot: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
+	tmp := filepath.Join(dir, currentMarker+".tmp")
+	if err := os.WriteFile(tmp, []byte(gen), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, currentMarker)); err != nil {
 		return err
 	}
 	syncDir(dir)
+	// Older generations are not needed once this checkpoint holds all the
+	// sandbox's memory; removing hundreds of MiB need not delay the answer.
+	ents, _ := os.ReadDir(dir)
+	var old []string
+	for _, e := range ents {
+		if e.IsDir() && e.Name() != gen {
+			old = append(old, filepath.Join(dir, e.Name()))
+		}
+	}
+	if len(old) > 0 {
+		go func() {
+			for _, o := range old {
+				os.RemoveAll(o)
+			}
+		}()
+	}
 	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
 		return err
 	}
@@ -133,32 +171,42 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 
 // Restore brings a suspended sandbox back from spec.SnapshotDir.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
-	id, dir := spec.SandboxID, spec.SnapshotDir
-	st, err := r.state(ctx, spec)
-	if err != nil {
-		return err
-	}
-	if st != nil && st.Status == "running" {
-		return r.waitAgent(ctx, id)
-	}
-	if st != nil {
-		r.runsc(ctx, spec, "delete", "--force", id)
-	}
-	if !snapshotComplete(dir) {
+	id := spec.SandboxID
+	gdir := snapshotGen(spec.SnapshotDir)
+	if gdir == "" {
+		if st, err := r.state(ctx, spec); err == nil && st != nil && st.Status == "running" {
+			return r.waitAgent(ctx, id) // restored already
+		}
 		return fmt.Errorf("restore %s: no complete snapshot: %w", id, runtime.ErrNotFound)
 	}
 	if _, err := r.endpoint(id); err != nil {
 		return err
 	}
-	if err := r.start(ctx, spec, "restore", "--detach", "--image-path", dir, "--bundle", r.bundleDir(id), id); err != nil {
-		return err
+	err := r.start(ctx, spec, "restore", "--detach", "--background", "--image-path", gdir, "--bundle", r.bundleDir(id), id)
+	if err != nil {
+		// Only now look closer: restored already (a retry), or a stale
+		// container of the same id in the way.
+		st, serr := r.state(ctx, spec)
+		switch {
+		case serr != nil:
+			return errors.Join(err, serr)
+		case st != nil && st.Status == "running":
+			return r.waitAgent(ctx, id)
+		case st != nil:
+			r.runsc(ctx, spec, "delete", "--force", id)
+			err = r.start(ctx, spec, "restore", "--detach", "--background", "--image-path", gdir, "--bundle", r.bundleDir(id), id)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if err := r.waitAgent(ctx, id); err != nil {
 		return err
 	}
-	// The snapshot is consumed: the sandbox runs again from it.
-	clearDir(dir)
-	return nil
+	// The sandbox runs again: this generation is no longer the state to
+	// restore. Its files stay (memory may still be paging in from them)
+	// until the next checkpoint or delete.
+	return os.Remove(filepath.Join(spec.SnapshotDir, currentMarker))
 }
 
 // Delete removes the sandbox's processes, runsc state, cgroup, bundle,
@@ -267,11 +315,4 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
-}
-
-func clearDir(dir string) {
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		os.RemoveAll(filepath.Join(dir, e.Name()))
-	}
 }

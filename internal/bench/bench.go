@@ -1,0 +1,297 @@
+// Package bench measures SPACE through its public API, row by row of the
+// project's performance targets, and reports medians and p95s.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spacesandbox/space/client"
+)
+
+// Config says what to measure against.
+type Config struct {
+	APIURL, Token string
+	Runtime       string // "" = the server's default
+	Template      string // "" = the server's default
+	Runs          int    // samples per latency row
+	StreamBytes   int64  // bytes streamed for the throughput row
+	DirtyMiB      int    // memory dirtied before each suspend
+	ReadSeconds   float64
+	Out           io.Writer
+}
+
+// Row is one measured target.
+type Row struct {
+	Name    string    `json:"name"`
+	Unit    string    `json:"unit"`
+	Samples int       `json:"samples"`
+	P50     float64   `json:"p50"`
+	P95     float64   `json:"p95"`
+	Value   float64   `json:"value,omitempty"` // for throughput rows
+	Target  string    `json:"target"`
+	Raw     []float64 `json:"raw,omitempty"`
+}
+
+// Report is the whole run.
+type Report struct {
+	Runtime string    `json:"runtime"`
+	When    time.Time `json:"when"`
+	Rows    []Row     `json:"rows"`
+}
+
+func pct(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	i := int(p*float64(len(s)-1) + 0.5)
+	return s[i]
+}
+
+func latencyRow(name, target string, ds []time.Duration) Row {
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = float64(d.Microseconds()) / 1000
+	}
+	return Row{Name: name, Unit: "ms", Samples: len(ms), P50: pct(ms, .5), P95: pct(ms, .95), Target: target, Raw: ms}
+}
+
+type bench struct {
+	cfg Config
+	c   *client.Client
+}
+
+func (b *bench) create(ctx context.Context) (string, time.Duration, error) {
+	start := time.Now()
+	out, _, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Runtime: b.cfg.Runtime, Template: b.cfg.Template}, "")
+	if err != nil {
+		return "", 0, err
+	}
+	op, err := b.c.WaitOperation(ctx, out.Operation.ID)
+	if err != nil {
+		return out.Sandbox.ID, 0, err
+	}
+	if op.State != "succeeded" {
+		return out.Sandbox.ID, 0, fmt.Errorf("create failed: %+v", op.Error)
+	}
+	return out.Sandbox.ID, time.Since(start), nil
+}
+
+func (b *bench) step(ctx context.Context, id, action string) (time.Duration, error) {
+	start := time.Now()
+	op, _, err := b.c.Lifecycle(ctx, action, id, "")
+	if err != nil {
+		return 0, err
+	}
+	if op, err = b.c.WaitOperation(ctx, op.ID); err != nil {
+		return 0, err
+	}
+	if op.State != "succeeded" {
+		return 0, fmt.Errorf("%s failed: %+v", action, op.Error)
+	}
+	return time.Since(start), nil
+}
+
+// run executes argv and returns the time to process_exited and the bytes of
+// output seen.
+func (b *bench) run(ctx context.Context, id string, argv ...string) (time.Duration, int64, error) {
+	start := time.Now()
+	sess, err := b.c.CreateCommand(ctx, id, client.CommandRequest{Command: argv}, "")
+	if err != nil {
+		return 0, 0, err
+	}
+	var n int64
+	term, err := b.c.Attach(ctx, sess, "", 0, func(ev client.Event) error { n += int64(len(ev.Data)); return nil })
+	if err != nil {
+		return 0, n, err
+	}
+	if term.Name != "process_exited" || term.ExitCode == nil || *term.ExitCode != 0 {
+		return 0, n, fmt.Errorf("%v ended with %s %s", argv, term.Name, term.Message)
+	}
+	return time.Since(start), n, nil
+}
+
+// Run measures every row and writes the table to cfg.Out.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	c, err := client.New(cfg.APIURL, cfg.Token)
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{cfg: cfg, c: c}
+	rep := &Report{Runtime: cfg.Runtime, When: time.Now().UTC()}
+	if rep.Runtime == "" {
+		rep.Runtime = serverDefaultRuntime(cfg.APIURL)
+	}
+	var made []string
+	defer func() {
+		for _, id := range made {
+			c.Lifecycle(context.WithoutCancel(ctx), "delete", id, "")
+		}
+	}()
+	say := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+
+	say("create → running, %d runs", cfg.Runs)
+	var ds []time.Duration
+	for i := 0; i < cfg.Runs; i++ {
+		id, d, err := b.create(ctx)
+		if id != "" {
+			made = append(made, id)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ds = append(ds, d)
+	}
+	rep.Rows = append(rep.Rows, latencyRow("create → running (no warm pool, no template snapshot)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds))
+	id := made[0]
+
+	say("exec round trip (`true`), %d runs", cfg.Runs)
+	ds = nil
+	for i := 0; i < cfg.Runs; i++ {
+		d, _, err := b.run(ctx, id, "true")
+		if err != nil {
+			return nil, err
+		}
+		ds = append(ds, d)
+	}
+	rep.Rows = append(rep.Rows, latencyRow("exec round trip: session + attach + true → process_exited", "p50 ≤ 5 ms", ds))
+
+	say("stdout streaming, %d MiB", cfg.StreamBytes>>20)
+	d, n, err := b.run(ctx, id, "head", "-c", fmt.Sprint(cfg.StreamBytes), "/dev/zero")
+	if err != nil {
+		return nil, err
+	}
+	mibs := float64(n) / (1 << 20) / d.Seconds()
+	rep.Rows = append(rep.Rows, Row{Name: fmt.Sprintf("stdout streaming to an SSE client (head -c %d /dev/zero)", cfg.StreamBytes), Unit: "MiB/s", Samples: 1, Value: mibs, P50: mibs, P95: mibs, Target: "≥ 200 MiB/s"})
+
+	say("pause/wake, %d runs", cfg.Runs)
+	var pauses, wakes []time.Duration
+	for i := 0; i < cfg.Runs; i++ {
+		p, err := b.step(ctx, id, "pause")
+		if err != nil {
+			return nil, err
+		}
+		w, err := b.step(ctx, id, "wake")
+		if err != nil {
+			return nil, err
+		}
+		pauses, wakes = append(pauses, p), append(wakes, w)
+	}
+	rep.Rows = append(rep.Rows, latencyRow("pause → paused", "p50 ≤ 20 ms", pauses), latencyRow("wake (paused) → running", "p50 ≤ 20 ms", wakes))
+
+	runs := max(1, cfg.Runs/2)
+	say("suspend/wake with %d MiB dirty, %d runs", cfg.DirtyMiB, runs)
+	var susp, rest []time.Duration
+	for i := 0; i < runs; i++ {
+		if _, _, err := b.run(ctx, id, "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /tmp/space-bench-dirty", cfg.DirtyMiB<<20)); err != nil {
+			return nil, err
+		}
+		s, err := b.step(ctx, id, "suspend")
+		if err != nil {
+			return nil, err
+		}
+		w, err := b.step(ctx, id, "wake")
+		if err != nil {
+			return nil, err
+		}
+		susp, rest = append(susp, s), append(rest, w)
+	}
+	rep.Rows = append(rep.Rows, latencyRow(fmt.Sprintf("suspend → suspended (%d MiB dirty)", cfg.DirtyMiB), "p50 ≤ 300 ms", susp),
+		latencyRow("wake (suspended) → running", "p50 ≤ 150 ms", rest))
+
+	say("control-plane reads for %.0fs", cfg.ReadSeconds)
+	rps, err := readRate(ctx, cfg, id)
+	if err != nil {
+		return nil, err
+	}
+	rep.Rows = append(rep.Rows, Row{Name: "control-plane reads: GET /v1/sandboxes/{id}, 16 connections", Unit: "req/s", Samples: 1, Value: rps, P50: rps, P95: rps, Target: "≥ 10,000 req/s"})
+
+	printTable(cfg.Out, rep)
+	return rep, nil
+}
+
+func readRate(ctx context.Context, cfg Config, id string) (float64, error) {
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	hc := &http.Client{Transport: tr}
+	url := strings.TrimRight(cfg.APIURL, "/") + "/v1/sandboxes/" + id
+	var count atomic.Int64
+	var firstErr atomic.Value
+	deadline := time.Now().Add(time.Duration(cfg.ReadSeconds * float64(time.Second)))
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+				req.Header.Set("Authorization", "Bearer "+cfg.Token)
+				resp, err := hc.Do(req)
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					firstErr.CompareAndSwap(nil, fmt.Errorf("GET sandbox: %d", resp.StatusCode))
+					return
+				}
+				count.Add(1)
+			}
+		}()
+	}
+	start := time.Now()
+	wg.Wait()
+	if e, ok := firstErr.Load().(error); ok {
+		return 0, e
+	}
+	return float64(count.Load()) / time.Since(start).Seconds(), nil
+}
+
+func printTable(w io.Writer, rep *Report) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "runtime %s\n", rep.Runtime)
+	fmt.Fprintln(tw, "WHAT\tN\tP50\tP95\tTARGET")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f %s\t%.1f %s\t%s\n", r.Name, r.Samples, r.P50, r.Unit, r.P95, r.Unit, r.Target)
+	}
+	tw.Flush()
+}
+
+// WriteJSON writes the report as JSON.
+func WriteJSON(path string, rep *Report) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(rep); err != nil {
+		return err
+	}
+	return os.WriteFile(path, buf.Bytes(), 0o644)
+}
+
+// serverDefaultRuntime asks /readyz which runtime creates use by default.
+func serverDefaultRuntime(apiURL string) string {
+	resp, err := http.Get(strings.TrimRight(apiURL, "/") + "/readyz")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Default string `json:"default_runtime"`
+	}
+	json.NewDecoder(resp.Body).Decode(&r)
+	return r.Default
+}

@@ -1,0 +1,45 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/spacesandbox/space/internal/bench"
+)
+
+// benchCmd measures a running server through its public API:
+// space bench [--runtime R] [--template T] [--runs N] [--quick] [--json FILE].
+func benchCmd(ctx context.Context, args []string, o Options) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("space bench", flag.ContinueOnError)
+	cf.register(fs)
+	rt := fs.String("runtime", "", "runtime to measure (default: the server's)")
+	tpl := fs.String("template", "", "template to create sandboxes from (default: the server's)")
+	runs := fs.Int("runs", 20, "samples per latency row")
+	quick := fs.Bool("quick", false, "few samples and smaller transfers (CI)")
+	out := fs.String("json-out", "", "also write the report as JSON to this file")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	tok := cf.resolvedToken()
+	if tok == "" {
+		return fmt.Errorf("no API token: set SPACE_API_TOKEN or pass --token")
+	}
+	cfg := bench.Config{APIURL: cf.apiURL, Token: tok, Runtime: *rt, Template: *tpl, Runs: *runs,
+		StreamBytes: 512 << 20, DirtyMiB: 200, ReadSeconds: 5, Out: o.Stdout}
+	if *quick {
+		cfg.Runs, cfg.StreamBytes, cfg.DirtyMiB, cfg.ReadSeconds = 5, 64<<20, 32, 1
+	}
+	if cfg.Runs < 1 {
+		return fmt.Errorf("%w: --runs must be at least 1", errUsage)
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *out != "" {
+		return bench.WriteJSON(*out, rep)
+	}
+	return nil
+}
