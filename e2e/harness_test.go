@@ -56,8 +56,16 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build space-agent:", err)
 		os.Exit(1)
 	}
+	before := runscSandboxes()
 	code := m.Run()
 	os.RemoveAll(dir)
+	// Tests must leave no sandbox behind on the host.
+	for pid, cmd := range runscSandboxes() {
+		if _, ok := before[pid]; !ok {
+			fmt.Fprintf(os.Stderr, "e2e: leaked gVisor sandbox process %d: %s\n", pid, cmd)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -319,4 +327,19 @@ func (s *server) runCLIWith(bin string, args ...string) (string, string, int) {
 		s.t.Fatal(err)
 	}
 	return out.String(), errb.String(), code
+}
+
+// runscSandboxes lists the runsc sandbox processes on the host.
+func runscSandboxes() map[int]string {
+	out := map[int]string{}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		if bytes.HasPrefix(b, []byte("runsc-sandbox")) {
+			var pid int
+			fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid)
+			out[pid] = strings.ReplaceAll(string(b), "\x00", " ")
+		}
+	}
+	return out
 }

@@ -59,11 +59,12 @@ func TestREADMETour(t *testing.T) {
 	var s *server
 	if ok, _ := gvisorAvailable(); ok {
 		dataDir := t.TempDir()
+		t.Cleanup(func() { killGVisorLeftovers(dataDir) })
 		if out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir).CombinedOutput(); err != nil {
 			t.Fatalf("build seed: %v\n%s", err, out)
 		}
 		s = startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, args: []string{"--runtime", "gvisor", "--build-seed=false"}})
-		t.Cleanup(func() { cleanupGVisor(dataDir) })
+		t.Cleanup(func() { cleanupGVisor(s) })
 	} else {
 		requireGVisor(t) // fails in CI; elsewhere the fake runtime stands in
 		s = startRuntimeServer(t, "fake")

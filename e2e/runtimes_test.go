@@ -2,11 +2,17 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/client"
 
 	"github.com/spacesandbox/space/internal/runtime/gvisor"
 )
@@ -73,22 +79,51 @@ func startRuntimeServer(t *testing.T, rt string, extra ...string) *server {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build test template: %v\n%s", err, out)
 	}
+	t.Cleanup(func() { killGVisorLeftovers(dataDir) }) // runs after the server stopped
 	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "test:latest",
 		args: append([]string{"--runtime", rt, "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}, extra...)})
-	t.Cleanup(func() { cleanupGVisor(dataDir) })
+	t.Cleanup(func() { cleanupGVisor(s) }) // runs first, while the server runs
 	return s
 }
 
-// cleanupGVisor kills and deletes every sandbox a gvisor server left and
-// releases runsc's namespace mount, so tests leave nothing on the host.
-func cleanupGVisor(dataDir string) {
-	root := filepath.Join(dataDir, "runtime", "gvisor", "runsc")
-	out, _ := exec.Command("runsc", "--root", root, "list", "-q").Output()
-	for _, id := range splitLines(string(out)) {
-		exec.Command("runsc", "--root", root, "kill", "--all", id, "KILL").Run()
-		exec.Command("runsc", "--root", root, "delete", "--force", id).Run()
+// cleanupGVisor leaves nothing of a gvisor server's sandboxes on the host:
+// it deletes every sandbox through the API while the server runs (the
+// product's own cleanup), then kills any runsc process still naming the data
+// directory and removes what runsc could not (its namespace mount, cgroups).
+func cleanupGVisor(s *server) {
+	if s != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		c := s.client()
+		for _, state := range []string{"", "failed"} {
+			page, err := c.ListSandboxes(ctx, state, client.ListOptions{Limit: 500})
+			if err != nil {
+				break
+			}
+			for _, sb := range page.Items {
+				if op, _, err := c.Lifecycle(ctx, "delete", sb.ID, ""); err == nil {
+					c.WaitOperation(ctx, op.ID)
+				}
+			}
+		}
 	}
-	exec.Command("umount", "-l", filepath.Join(root, "null-netns")).Run()
+}
+
+// killGVisorLeftovers kills runsc processes that mention dataDir and
+// releases runsc's namespace mount and the sandboxes' cgroups.
+func killGVisorLeftovers(dataDir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		if strings.Contains(string(b), dataDir) && strings.Contains(string(b), "runsc") {
+			var pid int
+			fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid)
+			if pid > 1 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	exec.Command("umount", "-l", filepath.Join(dataDir, "runtime", "gvisor", "runsc", "null-netns")).Run()
 }
 
 func splitLines(s string) []string {

@@ -15,6 +15,7 @@ func TestSeedTemplate(t *testing.T) {
 	}
 	requireGVisor(t)
 	dataDir := t.TempDir()
+	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
 	build := func() string {
 		out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir, "--json").Output()
 		if err != nil {
@@ -30,7 +31,7 @@ func TestSeedTemplate(t *testing.T) {
 	}
 	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "seed:latest",
 		args: []string{"--runtime", "gvisor", "--build-seed=false"}})
-	t.Cleanup(func() { cleanupGVisor(dataDir) })
+	t.Cleanup(func() { cleanupGVisor(s) })
 	r := s.do("GET", "/v1/templates/seed:latest", s.token, nil)
 	if r.status != 200 || !strings.Contains(string(r.body), first) {
 		t.Fatalf("GET template = %d %s", r.status, r.body)
