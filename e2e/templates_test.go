@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/spacesandbox/space/client"
 )
 
 // seed:latest builds from Debian packages with a stable digest, and a
@@ -52,5 +54,22 @@ func TestSeedTemplate(t *testing.T) {
 	tr, _ = s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "id user && test -d /home/user && curl --version | head -1"}})
 	if *tr.exitCode != 0 || !strings.Contains(string(tr.stdout), "uid=1000(user)") {
 		t.Fatalf("user and curl: %q %q", tr.stdout, tr.stderr)
+	}
+	// A spec on seed: a failing package install fails the build clearly and
+	// leaves no template; a real package installs.
+	op, r := s.postTemplate("application/json", "", []byte(`{"name":"broken-pkgs","base":"seed:latest","packages":["space-no-such-package"]}`))
+	if op == nil || op.State != "failed" || op.Error == nil || !strings.Contains(op.Error.Message, "apt-get install failed") {
+		t.Fatalf("failing package install: %s %+v", r.body, op)
+	}
+	expectError(t, s.do("GET", "/v1/templates/broken-pkgs:latest", s.token, nil), 404, "not_found")
+	op, r = s.postTemplate("application/json", "", []byte(`{"name":"with-jq","base":"seed:latest","packages":["jq"]}`))
+	if op == nil || op.State != "succeeded" {
+		t.Fatalf("jq build: %s %+v", r.body, op)
+	}
+	out, _, _ := s.client().CreateSandbox(t.Context(), client.CreateSandboxRequest{Template: "with-jq:latest"}, "")
+	s.waitOp(out.Operation.ID)
+	tr, _ = s.runCommand(out.Sandbox.ID, map[string]any{"command": []string{"sh", "-c", "echo '{\"a\":42}' | jq .a"}})
+	if string(tr.stdout) != "42\n" {
+		t.Fatalf("jq in a sandbox from the spec: %q %q", tr.stdout, tr.stderr)
 	}
 }

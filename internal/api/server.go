@@ -35,6 +35,8 @@ type Config struct {
 	BootID string
 	// Templates lists templates (nil: none).
 	Templates TemplateLister
+	// Builder builds and imports templates (nil: not offered).
+	Builder TemplateBuilder
 }
 
 // TemplateLister is what the API needs of the template store.
@@ -54,12 +56,13 @@ type Server struct {
 	idem      *idempotency
 	router    *router
 	templates TemplateLister
+	builder   TemplateBuilder
 }
 
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
-		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates}
+		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder}
 	s.router = newRouter(s.Routes())
 	return s
 }
@@ -91,6 +94,7 @@ func (s *Server) Routes() []Route {
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:mkdir", Auth: true, Handler: s.mkdirFile},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:move", Auth: true, Handler: s.moveFile},
 		{Method: "GET", Pattern: "/v1/templates", Auth: true, Handler: s.listTemplates},
+		{Method: "POST", Pattern: "/v1/templates", Auth: true, Handler: s.createTemplate},
 		{Method: "GET", Pattern: "/v1/templates/{name}:{tag}", Auth: true, Handler: s.getTemplate},
 		{Method: "GET", Pattern: "/v1/operations", Auth: true, Handler: s.listOperations},
 		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Handler: s.getOperation},

@@ -41,6 +41,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.started = true
 	e.mu.Unlock()
 	for _, op := range ops {
+		if op.Kind == sandbox.OpBuild {
+			e.failInterruptedBuild(ctx, op)
+			continue
+		}
 		e.log.Info("resuming operation left in flight", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind, "state", op.State)
 		e.submit(op)
 	}

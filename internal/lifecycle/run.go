@@ -195,6 +195,10 @@ func (e *Engine) finish(log interface{ Error(string, ...any) }, op sandbox.Opera
 	}
 	op.State = state
 	e.observe(op, time.Since(start))
+	if op.SandboxID == "" {
+		e.log.Info("operation finished", "operation_id", op.ID, "kind", op.Kind, "template", op.Template, "state", state, "duration", time.Since(start))
+		return
+	}
 	e.log.Info("operation finished", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind,
 		"state", state, "sandbox_state", sbState, "duration", time.Since(start))
 }

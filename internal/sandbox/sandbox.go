@@ -93,6 +93,8 @@ const (
 	OpSuspend OpKind = "suspend"
 	OpWake    OpKind = "wake"
 	OpDelete  OpKind = "delete"
+	// OpBuild builds a template; it has no sandbox.
+	OpBuild OpKind = "build"
 )
 
 // OpState is the progress of an operation.
@@ -111,9 +113,11 @@ func (s OpState) Terminal() bool { return s == OpSucceeded || s == OpFailed }
 
 // Operation is the durable record of one asynchronous lifecycle change.
 type Operation struct {
-	ID          string     `json:"id"`
-	Kind        OpKind     `json:"kind"`
-	SandboxID   string     `json:"sandbox_id"`
+	ID        string `json:"id"`
+	Kind      OpKind `json:"kind"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+	// Template is the name:tag a build operation makes.
+	Template    string     `json:"template,omitempty"`
 	State       OpState    `json:"state"`
 	Error       *ErrorInfo `json:"error"`
 	CreatedAt   time.Time  `json:"created_at"`

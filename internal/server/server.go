@@ -152,7 +152,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	cmds := commands.New(commands.Config{Agents: eng, Signer: signer, DataPlaneURL: dataURL, TokenTTL: cfg.AttachTokenTTL, Logger: log})
 	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID}
 	if h.TemplateStore != nil {
-		acfg.Templates = h.TemplateStore
+		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}
 	apiSrv := api.New(acfg)
 	dataSrv := api.NewDataPlane(api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID})

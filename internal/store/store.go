@@ -34,11 +34,15 @@ type Store interface {
 	// completes the idempotency key decide returned (nil for none), all in
 	// one transaction, and returns the updated sandbox.
 	BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(sb *sandbox.Sandbox, op *sandbox.Operation) (*Completion, error)) (*sandbox.Sandbox, error)
+	// CreateOperation records an operation that belongs to no sandbox (a
+	// template build) and completes idem in the same transaction.
+	CreateOperation(ctx context.Context, op *sandbox.Operation, idem *Completion) error
 	// UpdateOperationState moves a non-terminal operation to state (running).
 	UpdateOperationState(ctx context.Context, opID string, state sandbox.OpState, at time.Time) error
 	// FinishOperation records an operation's terminal outcome and the state
 	// its sandbox ends in, and clears the sandbox's active operation, in one
-	// transaction. Finishing an already terminal operation is a Conflict.
+	// transaction (an operation without a sandbox only records its outcome).
+	// Finishing an already terminal operation is a Conflict.
 	FinishOperation(ctx context.Context, f Finish) error
 	// GetOperation returns an operation, errdefs.NotFound when there is none.
 	GetOperation(ctx context.Context, id string) (*sandbox.Operation, error)

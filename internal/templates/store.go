@@ -15,6 +15,7 @@ package templates
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -34,22 +35,27 @@ import (
 
 // Template is one tagged template.
 type Template struct {
-	Name      string    `json:"name"`
-	Tag       string    `json:"tag"`
-	Digest    string    `json:"digest"`
-	CreatedAt time.Time `json:"created_at"`
-	SizeBytes int64     `json:"size_bytes"`
-	Source    string    `json:"source"`
+	Name      string            `json:"name"`
+	Tag       string            `json:"tag"`
+	Digest    string            `json:"digest"`
+	CreatedAt time.Time         `json:"created_at"`
+	SizeBytes int64             `json:"size_bytes"`
+	Source    string            `json:"source"`
+	Env       map[string]string `json:"env,omitempty"`
+	Workdir   string            `json:"workdir,omitempty"`
 }
 
 // Ref is the template's name:tag.
 func (t Template) Ref() string { return t.Name + ":" + t.Tag }
 
 type meta struct {
-	Digest    string    `json:"digest"`
-	CreatedAt time.Time `json:"created_at"`
-	SizeBytes int64     `json:"size_bytes"`
-	Source    string    `json:"source"`
+	Digest    string            `json:"digest"`
+	CreatedAt time.Time         `json:"created_at"`
+	SizeBytes int64             `json:"size_bytes"`
+	Source    string            `json:"source"`
+	Env       map[string]string `json:"env,omitempty"`
+	Workdir   string            `json:"workdir,omitempty"`
+	Base      string            `json:"base,omitempty"`
 }
 
 // Store is a template store in a directory. Safe for concurrent use within
@@ -140,7 +146,7 @@ func (s *Store) Get(ref string) (Template, error) {
 	if err != nil {
 		return Template{}, err
 	}
-	return Template{Name: name, Tag: tag, Digest: digest, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Source: m.Source}, nil
+	return Template{Name: name, Tag: tag, Digest: digest, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Source: m.Source, Env: m.Env, Workdir: m.Workdir}, nil
 }
 
 func (s *Store) meta(digest string) (meta, error) {
@@ -192,6 +198,10 @@ func (s *Store) Ready() error {
 	return nil
 }
 
+// ScratchDir is a directory for temporary files (uploads) that is cleared
+// when the store is opened.
+func (s *Store) ScratchDir() string { return filepath.Join(s.dir, "tmp") }
+
 // NewBuild returns an empty directory for a build; its rootfs goes in
 // <dir>/rootfs. Commit or Discard it.
 func (s *Store) NewBuild() (string, error) {
@@ -210,6 +220,21 @@ func (s *Store) Discard(build string) { os.RemoveAll(build) }
 // Commit digests a build's rootfs, stores it (unless the same content is
 // already stored) and tags it name:tag. The build directory is consumed.
 func (s *Store) Commit(ctx context.Context, build, name, tag, source string) (Template, error) {
+	return s.commitMeta(ctx, build, name, tag, source, meta{})
+}
+
+// Config returns the environment and working directory a template asks for.
+func (s *Store) Config(digest string) (env map[string]string, workdir string) {
+	m, err := s.meta(digest)
+	if err != nil {
+		return nil, ""
+	}
+	return m.Env, m.Workdir
+}
+
+// commitMeta is Commit with the template's configuration. The configuration
+// is part of the digest, so two templates differing only in env differ.
+func (s *Store) commitMeta(ctx context.Context, build, name, tag, source string, m meta) (Template, error) {
 	defer os.RemoveAll(build)
 	if !nameRE.MatchString(name) || !tagRE.MatchString(tag) {
 		return Template{}, errdefs.New(errdefs.InvalidArgument, "template %s:%s: invalid name or tag", name, tag)
@@ -218,6 +243,15 @@ func (s *Store) Commit(ctx context.Context, build, name, tag, source string) (Te
 	digest, size, err := TreeDigest(ctx, rootfs)
 	if err != nil {
 		return Template{}, fmt.Errorf("digest template: %w", err)
+	}
+	if len(m.Env) > 0 || m.Workdir != "" {
+		cfg, _ := json.Marshal(struct {
+			Tree    string            `json:"tree"`
+			Env     map[string]string `json:"env"`
+			Workdir string            `json:"workdir"`
+		}{digest, m.Env, m.Workdir})
+		sum := sha256.Sum256(cfg)
+		digest = "sha256:" + hex.EncodeToString(sum[:])
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -230,7 +264,7 @@ func (s *Store) Commit(ctx context.Context, build, name, tag, source string) (Te
 		if err := os.Rename(rootfs, filepath.Join(blob, "rootfs")); err != nil {
 			return Template{}, fmt.Errorf("store template: %w", err)
 		}
-		m := meta{Digest: digest, CreatedAt: time.Now().UTC(), SizeBytes: size, Source: source}
+		m.Digest, m.CreatedAt, m.SizeBytes, m.Source = digest, time.Now().UTC(), size, source
 		b, _ := json.MarshalIndent(m, "", "  ")
 		// meta.json is written last: a blob without it is incomplete.
 		if err := writeAtomic(filepath.Join(blob, "meta.json"), b); err != nil {

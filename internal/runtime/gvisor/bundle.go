@@ -21,14 +21,30 @@ const (
 // template as root (writes go to gVisor's overlay), cgroup limits for CPU,
 // memory and pids, and no network.
 func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
-	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
-	keys := make([]string, 0, len(spec.Env))
-	for k := range spec.Env {
+	// The agent's environment and working directory are what its commands
+	// inherit: defaults, then the template's, then the sandbox's.
+	merged := map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+	tplEnv, workdir := r.cfg.Templates.Config(spec.Template.Digest)
+	for k, v := range tplEnv {
+		merged[k] = v
+	}
+	for k, v := range spec.Env {
+		merged[k] = v
+	}
+	keys := make([]string, 0, len(merged))
+	for k := range merged {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	env := make([]string, 0, len(keys))
 	for _, k := range keys {
-		env = append(env, k+"="+spec.Env[k])
+		env = append(env, k+"="+merged[k])
+	}
+	cwd := "/"
+	if workdir != "" {
+		if fi, err := os.Stat(filepath.Join(rootfs, workdir)); err == nil && fi.IsDir() {
+			cwd = workdir
+		}
 	}
 	res := spec.Resources
 	const period = 100000
@@ -39,7 +55,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 			"user":     map[string]any{"uid": 0, "gid": 0},
 			"args":     []string{AgentPath, "--connect", "unix:" + RunDir + "/agent.sock"},
 			"env":      env,
-			"cwd":      "/",
+			"cwd":      cwd,
 			"capabilities": func() map[string]any {
 				caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
 					"CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE", "CAP_SETFCAP",

@@ -36,9 +36,11 @@ import (
 // Name is the runtime's API name.
 const Name = "gvisor"
 
-// Templates gives the root file system of a template digest.
+// Templates gives the root file system of a template digest and the
+// environment and working directory it asks for.
 type Templates interface {
 	RootfsPath(digest string) (string, error)
+	Config(digest string) (env map[string]string, workdir string)
 }
 
 // Config configures the runtime.

@@ -141,6 +141,15 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sand
 	})
 }
 
+func (s *Store) CreateOperation(ctx context.Context, op *sandbox.Operation, idem *store.Completion) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		if err := insertOperation(ctx, tx, op); err != nil {
+			return err
+		}
+		return completeIdem(ctx, tx, idem)
+	})
+}
+
 func insertSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
 	doc, err := json.Marshal(sb)
 	if err != nil {
@@ -403,6 +412,9 @@ func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
 		op.State, op.Error, op.UpdatedAt, op.CompletedAt = f.State, f.Error, at, &at
 		if err := updateOperation(ctx, tx, op); err != nil {
 			return err
+		}
+		if op.SandboxID == "" {
+			return nil
 		}
 		sb, err := getSandbox(ctx, tx, op.SandboxID)
 		if err != nil {

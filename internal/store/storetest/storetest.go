@@ -42,6 +42,7 @@ func Run(t *testing.T, newDB Factory) {
 		{"IdempotencyAtomicWithChange", testIdempotencyAtomicWithChange},
 		{"Tokens", testTokens},
 		{"ActiveSandboxLimit", testActiveLimit},
+		{"OperationWithoutSandbox", testOperationWithoutSandbox},
 		{"SurvivesReopen", testSurvivesReopen},
 	}
 	for _, tc := range tests {
@@ -562,5 +563,30 @@ func testActiveLimit(t *testing.T, open Opener) {
 	wantKind(t, s.CreateSandbox(ctx, sb, op, nil, 2), errdefs.ResourceExhausted)
 	if _, err := s.GetSandbox(ctx, sb.ID); !errors.Is(err, errdefs.NotFound) {
 		t.Fatal("refused sandbox was stored")
+	}
+}
+
+func testOperationWithoutSandbox(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "b", Fingerprint: "f", Owner: "o", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpBuild, Template: "mine:v1", State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
+	if err := s.CreateOperation(ctx, op, &store.Completion{Key: "b", Status: 202, Body: func() ([]byte, error) { return []byte("x"), nil }}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.GetIdempotencyKey(ctx, "b"); rec == nil || rec.State != store.IdemDone {
+		t.Fatal("idempotency key not completed with the operation")
+	}
+	wantKind(t, s.CreateOperation(ctx, op, nil), errdefs.Conflict)
+	if ops, _ := s.UnfinishedOperations(ctx); len(ops) != 1 || ops[0].Template != "mine:v1" {
+		t.Fatalf("unfinished = %+v", ops)
+	}
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, At: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.GetOperation(ctx, op.ID)
+	if got.State != sandbox.OpSucceeded || got.SandboxID != "" || got.Template != "mine:v1" {
+		t.Fatalf("build op = %+v", got)
 	}
 }

@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/spacesandbox/space/client"
+)
+
+func tarLayer(t *testing.T, files map[string]string, links map[string]string, bins map[string]string) v1.Layer {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for p, body := range files {
+		tw.WriteHeader(&tar.Header{Name: p, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(body))
+	}
+	for p, src := range bins {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tw.WriteHeader(&tar.Header{Name: p, Mode: 0o755, Size: int64(len(b)), Typeflag: tar.TypeReg})
+		tw.Write(b)
+	}
+	for p, target := range links {
+		tw.WriteHeader(&tar.Header{Name: p, Typeflag: tar.TypeSymlink, Linkname: target})
+	}
+	tw.Close()
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// waitBuild polls a build operation to its end.
+func (s *server) postTemplate(contentType, query string, body []byte) (*client.Operation, reply) {
+	s.t.Helper()
+	r := s.do("POST", "/v1/templates"+query, s.token, body, "Content-Type: "+contentType)
+	if r.status != 202 {
+		return nil, r
+	}
+	var out struct{ Operation client.Operation }
+	r.json(s.t, &out)
+	return s.waitOp(out.Operation.ID), r
+}
+
+// An image archive made here (two layers, the second whiting out a file of
+// the first) imports, and a sandbox from it sees the right files and the
+// image's environment; a broken archive fails and leaves no template.
+func TestTemplateImportOCIGVisor(t *testing.T) {
+	requireGVisor(t)
+	s := startRuntimeServer(t, "gvisor")
+	img, err := mutate.AppendLayers(empty.Image,
+		tarLayer(t, map[string]string{"etc/kept": "kept\n", "etc/removed": "gone\n"}, map[string]string{"bin/sh": "busybox", "bin/cat": "busybox", "bin/ls": "busybox"},
+			map[string]string{"bin/busybox": "/usr/bin/busybox"}),
+		tarLayer(t, map[string]string{"etc/.wh.removed": "", "etc/added": "added\n"}, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := img.ConfigFile()
+	cfg = cfg.DeepCopy()
+	cfg.Config.Env = []string{"PATH=/bin", "FROM_IMAGE=yes"}
+	img, _ = mutate.ConfigFile(img, cfg)
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	ref, _ := name.ParseReference("example.invalid/e2e:v1")
+	if err := tarball.WriteToFile(archive, ref, img); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := os.ReadFile(archive)
+	op, r := s.postTemplate("application/x-tar", "?name=imported&tag=v1", body)
+	if op == nil || op.State != "succeeded" || op.Kind != "build" {
+		t.Fatalf("import = %s %+v", r.body, op)
+	}
+	out, _, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{Template: "imported:v1"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done := s.waitOp(out.Operation.ID); done.State != "succeeded" {
+		t.Fatalf("create from import: %+v", done.Error)
+	}
+	sbx := out.Sandbox.ID
+	base := "/v1/sandboxes/" + sbx + "/files"
+	for p, want := range map[string]string{"/etc/kept": "kept\n", "/etc/added": "added\n"} {
+		if r := s.do("GET", base+"?path="+p, s.token, nil); r.status != 200 || string(r.body) != want {
+			t.Fatalf("%s = %d %q", p, r.status, r.body)
+		}
+	}
+	expectError(t, s.do("GET", base+"?path=/etc/removed", s.token, nil), 404, "not_found")
+	tr, _ := s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "echo $FROM_IMAGE; ls /etc"}})
+	if !strings.HasPrefix(string(tr.stdout), "yes\n") || strings.Contains(string(tr.stdout), "removed") {
+		t.Fatalf("inside the imported sandbox: %q", tr.stdout)
+	}
+
+	op, _ = s.postTemplate("application/x-tar", "?name=broken&tag=v1", bytes.Repeat([]byte("junk"), 4096))
+	if op == nil || op.State != "failed" || op.Error == nil || op.Error.Code != "invalid_argument" {
+		t.Fatalf("broken archive: %+v", op)
+	}
+	expectError(t, s.do("GET", "/v1/templates/broken:v1", s.token, nil), 404, "not_found")
+	// Spec builds: unknown base is refused at once; files land.
+	expectError(t, s.do("POST", "/v1/templates", s.token, []byte(`{"name":"x","base":"nope:latest"}`)), 404, "not_found")
+	expectError(t, s.do("POST", "/v1/templates", s.token, []byte(`{"name":"x","base":"test:latest","start_command":["sleep","1"]}`)), 400, "invalid_argument")
+	spec, _ := json.Marshal(map[string]any{"name": "withfile", "base": "test:latest", "env": map[string]string{"TPL": "1"}, "workdir": "/work",
+		"files": []map[string]string{{"path": "/work/hello.txt", "content": "aGVsbG8K"}}})
+	op, r = s.postTemplate("application/json", "", spec)
+	if op == nil || op.State != "succeeded" {
+		t.Fatalf("spec build = %s %+v", r.body, op)
+	}
+	out, _, _ = s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{Template: "withfile:latest"}, "")
+	s.waitOp(out.Operation.ID)
+	tr, _ = s.runCommand(out.Sandbox.ID, map[string]any{"command": []string{"sh", "-c", "pwd; echo $TPL; cat hello.txt"}})
+	if string(tr.stdout) != "/work\n1\nhello\n" {
+		t.Fatalf("sandbox from spec: %q %q", tr.stdout, tr.stderr)
+	}
+	_ = http.StatusOK
+}
