@@ -231,3 +231,27 @@ func TestBuildSpecFiles(t *testing.T) {
 		t.Fatalf("packages on a non-Debian base = %v", err)
 	}
 }
+
+// Untrusted archive bytes never panic the unpacker and never write outside
+// its directory.
+func FuzzUntar(f *testing.F) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "a/b", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1})
+	tw.Write([]byte("x"))
+	tw.WriteHeader(&tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "../../.."})
+	tw.WriteHeader(&tar.Header{Name: "l/escaped", Typeflag: tar.TypeReg, Mode: 0o644})
+	tw.WriteHeader(&tar.Header{Name: "../up", Typeflag: tar.TypeReg, Mode: 0o644})
+	tw.WriteHeader(&tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"})
+	tw.Close()
+	f.Add(buf.Bytes())
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parent := t.TempDir()
+		untar(context.Background(), bytes.NewReader(b), filepath.Join(parent, "root"))
+		ents, _ := os.ReadDir(parent)
+		if len(ents) != 1 || ents[0].Name() != "root" {
+			t.Fatalf("untar wrote beside its root: %v", ents)
+		}
+	})
+}
