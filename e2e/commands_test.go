@@ -574,3 +574,34 @@ func TestCommandsAndFiles(t *testing.T) {
 		})
 	}
 }
+
+// An attached, running command keeps a sandbox with a short idle timeout
+// awake; once the stream ends the idle policy pauses it, as an operation.
+func TestIdlePolicyThroughTheAPI(t *testing.T) {
+	s := startRuntimeServer(t, "fake")
+	out, _, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{AutoLifecycle: &client.AutoLifecycle{IdleTimeout: "1s", IdleAction: "pause"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.waitOp(out.Operation.ID)
+	sbx := out.Sandbox.ID
+	tr, _ := s.runCommand(sbx, map[string]any{"command": []string{"sleep", "2.5"}})
+	if tr.exitCode == nil || *tr.exitCode != 0 {
+		t.Fatalf("the command did not finish normally while idle policy ran: %v", tr.events)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sb, _ := s.client().GetSandbox(context.Background(), sbx)
+		if sb.State == "paused" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idle sandbox not paused: %s", sb.State)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ops, _ := s.client().ListOperations(context.Background(), sbx, client.ListOptions{})
+	if last := ops.Items[len(ops.Items)-1]; last.Kind != "pause" || last.State != "succeeded" {
+		t.Fatalf("automatic pause not visible as an operation: %+v", last)
+	}
+}

@@ -110,6 +110,8 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 		d.fail(w, r, commands.AgentError("start process", err))
 		return
 	}
+	release := d.cmds.Agents().Attached(sbx)
+	defer release()
 	last := parseLastEventID(r.Header.Get("Last-Event-ID"))
 	after := last.after
 	if last.resync {

@@ -25,6 +25,9 @@ type Agents interface {
 	// Agent returns a sandbox's agent: NotFound for an unknown sandbox,
 	// FailedPrecondition (naming the state) when it is not running.
 	Agent(ctx context.Context, sandboxID string) (*agentclient.Client, *sandbox.Sandbox, error)
+	// Attached marks an open event stream on a sandbox until release: the
+	// sandbox is not idle meanwhile.
+	Attached(sandboxID string) (release func())
 }
 
 // Config wires a Service.

@@ -41,6 +41,11 @@ type Serve struct {
 	AgentBin string
 	// BuildSeed builds seed:latest on start when it is missing.
 	BuildSeed bool
+	// IdleTimeout and IdleAction are the default idle policy of sandboxes
+	// that name none; SuspendPausedAfter suspends long-paused ones.
+	IdleTimeout        time.Duration
+	IdleAction         string
+	SuspendPausedAfter time.Duration
 }
 
 // Flags registers s's fields on fs, with defaults taken from the
@@ -77,6 +82,9 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&s.MaxSandboxes, "max-sandboxes", maxSbx, "most sandboxes active at once; 0 for no cap (env "+EnvName("max-sandboxes")+")")
 	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
 	dur(&s.OperationTimeout, "operation-timeout", 10*time.Minute, "upper bound of one lifecycle operation")
+	dur(&s.IdleTimeout, "idle-timeout", 10*time.Minute, "default idle timeout of sandboxes that name none")
+	str(&s.IdleAction, "idle-action", "none", "default idle action: none, pause or suspend")
+	dur(&s.SuspendPausedAfter, "suspend-paused-after", 0, "suspend sandboxes paused longer than this (0: never)")
 	dur(&s.AttachTokenTTL, "attach-token-ttl", 24*time.Hour, "how long a command session's attachment token is valid")
 }
 
@@ -123,6 +131,14 @@ func (s *Serve) Validate() error {
 	}
 	if s.MaxSandboxes < 0 {
 		errs = append(errs, errors.New("--max-sandboxes must be ≥ 0"))
+	}
+	switch s.IdleAction {
+	case "none", "pause", "suspend":
+	default:
+		errs = append(errs, fmt.Errorf("--idle-action %q: want none, pause or suspend", s.IdleAction))
+	}
+	if s.IdleTimeout < time.Second || s.SuspendPausedAfter < 0 {
+		errs = append(errs, errors.New("--idle-timeout must be at least 1s and --suspend-paused-after not negative"))
 	}
 	if s.AttachTokenTTL < time.Second {
 		errs = append(errs, errors.New("--attach-token-ttl must be at least 1s"))

@@ -27,6 +27,7 @@ func (e *Engine) Agent(ctx context.Context, id string) (*agentclient.Client, *sa
 	if !ok {
 		return nil, nil, errdefs.New(errdefs.Unavailable, "runtime %q of sandbox %s is not available on this server", sb.Runtime, id)
 	}
+	e.Touch(id) // work on a sandbox keeps it awake (see idle.go)
 	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	c, err := rt.Agent(actx, e.spec(sb))

@@ -49,6 +49,12 @@ type Config struct {
 	// MaxActiveSandboxes caps sandboxes that are neither deleted nor failed
 	// (0 = no cap); a create beyond it is resource_exhausted.
 	MaxActiveSandboxes int
+	// DefaultAutoLifecycle is the idle policy of sandboxes that name none.
+	DefaultAutoLifecycle sandbox.AutoLifecycle
+	// SuspendPausedAfter suspends sandboxes paused this long (0 = never).
+	SuspendPausedAfter time.Duration
+	// IdleInterval is how often the idle policy is applied (default 1 s).
+	IdleInterval time.Duration
 	// OperationTimeout bounds one operation (default 10 minutes).
 	OperationTimeout time.Duration
 	Now              func() time.Time
@@ -86,11 +92,14 @@ type Engine struct {
 	// under a request's context. Close cancels it.
 	life   context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // operations in flight
+	loops  sync.WaitGroup // background loops (idle policy)
 
 	mu      sync.Mutex      // guards running and started
 	running map[string]bool // operation ids being executed by this process
 	started bool
+
+	activity *activity
 }
 
 // New returns an engine; it does nothing until Start.
@@ -115,7 +124,13 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, store: cfg.Store, log: cfg.Logger, now: cfg.Now,
-		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{},
+		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, activity: newActivity(),
+	}
+	if cfg.DefaultAutoLifecycle == (sandbox.AutoLifecycle{}) {
+		e.cfg.DefaultAutoLifecycle = DefaultAutoLifecycle
+	}
+	if cfg.IdleInterval == 0 {
+		e.cfg.IdleInterval = time.Second
 	}
 	for _, r := range cfg.Runtimes {
 		e.runtimes[r.Name()] = r
@@ -157,6 +172,7 @@ func (e *Engine) Runtimes() (names []string, def string) {
 func (e *Engine) Close() {
 	e.cancel()
 	e.wg.Wait()
+	e.loops.Wait()
 }
 
 // Drain waits up to d for operations in flight to finish on their own.
@@ -182,7 +198,7 @@ func (r Render) completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Co
 
 // Create records a new sandbox and its create operation and starts it.
 func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
-	if err := req.Normalize(e.cfg.Limits); err != nil {
+	if err := req.normalize(e.cfg.Limits, e.cfg.DefaultAutoLifecycle); err != nil {
 		return nil, nil, err
 	}
 	if err := e.Ready(); err != nil {

@@ -39,7 +39,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	e.started = true
+	e.loops.Add(1)
 	e.mu.Unlock()
+	go e.runIdle(e.cfg.IdleInterval)
 	for _, op := range ops {
 		if op.Kind == sandbox.OpBuild {
 			e.failInterruptedBuild(ctx, op)

@@ -51,6 +51,10 @@ var (
 // Normalize checks r against limits and fills in defaults. Every problem is
 // an errdefs.InvalidArgument naming the field.
 func (r *CreateRequest) Normalize(l Limits) error {
+	return r.normalize(l, DefaultAutoLifecycle)
+}
+
+func (r *CreateRequest) normalize(l Limits, defaultAL sandbox.AutoLifecycle) error {
 	bad := func(field, format string, args ...any) error {
 		return errdefs.New(errdefs.InvalidArgument, "%s: %s", field, fmt.Sprintf(format, args...)).
 			WithDetails(map[string]any{"field": field})
@@ -117,7 +121,7 @@ func (r *CreateRequest) Normalize(l Limits) error {
 	if r.Metadata == nil {
 		r.Metadata = map[string]string{}
 	}
-	al := DefaultAutoLifecycle
+	al := defaultAL
 	if r.AutoLifecycle != nil {
 		if r.AutoLifecycle.IdleTimeout != "" {
 			al.IdleTimeout = r.AutoLifecycle.IdleTimeout

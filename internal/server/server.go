@@ -27,6 +27,7 @@ import (
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store/sqlite"
 	"github.com/spacesandbox/space/internal/templates"
 )
@@ -100,6 +101,8 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		Store: st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
 		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Logger: log, Observer: m,
 		OperationTimeout: cfg.OperationTimeout, MaxActiveSandboxes: cfg.MaxSandboxes,
+		DefaultAutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: cfg.IdleTimeout.String(), IdleAction: cfg.IdleAction},
+		SuspendPausedAfter:   cfg.SuspendPausedAfter,
 	})
 	if err != nil {
 		return err
