@@ -212,3 +212,62 @@ func TestBenchQuickGVisor(t *testing.T) {
 		}
 	}
 }
+
+// A warm pool on gVisor: a create claims a ready sandbox (its operation has
+// succeeded in the answer), which runs commands with its own identity; pool
+// sandboxes are not listed; the pool refills.
+func TestGVisorWarmPool(t *testing.T) {
+	requireGVisor(t)
+	s := startRuntimeServer(t, "gvisor")
+	r := s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{"min_ready":3}`))
+	if r.status != 200 {
+		t.Fatalf("PUT warm pool = %d %s", r.status, r.body)
+	}
+	expectError(t, s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{"min_ready":1000}`)), 400, "invalid_argument")
+	expectError(t, s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{}`)), 400, "invalid_argument")
+	expectError(t, s.do("PUT", "/v1/warm-pools/nope:latest", s.token, []byte(`{"min_ready":1}`)), 404, "not_found")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		r := s.do("GET", "/v1/warm-pools/test:latest", s.token, nil)
+		if bytes.Contains(r.body, []byte(`"ready":3`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never ready: %s", r.body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := s.do("GET", "/v1/sandboxes", s.token, nil); !bytes.Contains(r.body, []byte(`"items":[]`)) {
+		t.Fatalf("pool sandboxes are listed: %s", r.body)
+	}
+	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","env":{"MINE":"yes"}}`))
+	var created struct {
+		Sandbox   struct{ ID, State string }
+		Operation struct{ State string }
+	}
+	r.json(t, &created)
+	if r.status != 202 || created.Operation.State != "succeeded" || created.Sandbox.State != "running" {
+		t.Fatalf("create from pool = %d %s", r.status, r.body)
+	}
+	tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": []string{"sh", "-c", "echo $MINE; hostname"}})
+	want := "yes\nsbx-" + strings.TrimPrefix(created.Sandbox.ID, "sbx_")[:12] + "\n"
+	if string(tr.stdout) != want {
+		t.Fatalf("claimed sandbox: %q, want %q", tr.stdout, want)
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for !bytes.Contains(s.do("GET", "/v1/warm-pools/test:latest", s.token, nil).body, []byte(`"ready":3`)) {
+		if time.Now().After(deadline) {
+			t.Fatal("pool did not refill")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Shrinking the pool deletes its sandboxes.
+	s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{"min_ready":0}`))
+	deadline = time.Now().Add(60 * time.Second)
+	for !bytes.Contains(s.do("GET", "/v1/warm-pools/test:latest", s.token, nil).body, []byte(`"ready":0,"starting":0`)) {
+		if time.Now().After(deadline) {
+			t.Fatal("pool did not shrink")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

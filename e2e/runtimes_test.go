@@ -123,7 +123,14 @@ func killGVisorLeftovers(dataDir string) {
 			}
 		}
 	}
-	exec.Command("umount", "-l", filepath.Join(dataDir, "runtime", "gvisor", "runsc", "null-netns")).Run()
+	time.Sleep(200 * time.Millisecond) // let the killed processes go
+	// Concurrent first runsc starts can each bind the namespace: unmount
+	// until nothing is left.
+	for i := 0; i < 16; i++ {
+		if exec.Command("umount", "-l", filepath.Join(dataDir, "runtime", "gvisor", "runsc", "null-netns")).Run() != nil {
+			break
+		}
+	}
 }
 
 func splitLines(s string) []string {

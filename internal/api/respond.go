@@ -127,3 +127,8 @@ func describeJSONError(err error) string {
 	}
 	return msg
 }
+
+// errInvalid is an invalid_argument naming a field.
+func errInvalid(field, msg string) error {
+	return errdefs.New(errdefs.InvalidArgument, "%s: %s", field, msg).WithDetails(map[string]any{"field": field})
+}

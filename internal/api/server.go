@@ -96,6 +96,8 @@ func (s *Server) Routes() []Route {
 		{Method: "GET", Pattern: "/v1/templates", Auth: true, Handler: s.listTemplates},
 		{Method: "POST", Pattern: "/v1/templates", Auth: true, Handler: s.createTemplate},
 		{Method: "GET", Pattern: "/v1/templates/{name}:{tag}", Auth: true, Handler: s.getTemplate},
+		{Method: "GET", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Handler: s.getWarmPool},
+		{Method: "PUT", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Handler: s.putWarmPool},
 		{Method: "GET", Pattern: "/v1/operations", Auth: true, Handler: s.listOperations},
 		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Handler: s.getOperation},
 	}

@@ -100,6 +100,7 @@ type Engine struct {
 	started bool
 
 	activity *activity
+	poolKick chan struct{}
 }
 
 // New returns an engine; it does nothing until Start.
@@ -124,7 +125,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, store: cfg.Store, log: cfg.Logger, now: cfg.Now,
-		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, activity: newActivity(),
+		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, activity: newActivity(), poolKick: make(chan struct{}, 1),
 	}
 	if cfg.DefaultAutoLifecycle == (sandbox.AutoLifecycle{}) {
 		e.cfg.DefaultAutoLifecycle = DefaultAutoLifecycle
@@ -216,6 +217,9 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 	tpl, err := e.cfg.Templates.Resolve(ctx, req.Template)
 	if err != nil {
 		return nil, nil, fmt.Errorf("resolve template %s: %w", req.Template, err)
+	}
+	if sb, op := e.claim(ctx, req, tpl, rtName, render); sb != nil {
+		return sb, op, nil
 	}
 	now := e.now()
 	sb := &sandbox.Sandbox{

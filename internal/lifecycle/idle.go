@@ -94,7 +94,7 @@ func (e *Engine) idleSweep(ctx context.Context) {
 	now := e.now()
 	e.flushActivity(ctx)
 	eachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
-		if sb.ActiveOperation != "" || sb.AutoLifecycle.IdleAction == "" || sb.AutoLifecycle.IdleAction == "none" {
+		if sb.Pool != "" || sb.ActiveOperation != "" || sb.AutoLifecycle.IdleAction == "" || sb.AutoLifecycle.IdleAction == "none" {
 			return
 		}
 		timeout, err := time.ParseDuration(sb.AutoLifecycle.IdleTimeout)
@@ -142,7 +142,7 @@ func (e *Engine) flushActivity(ctx context.Context) {
 }
 
 func eachSandbox(ctx context.Context, st store.Store, state sandbox.State, fn func(*sandbox.Sandbox)) {
-	q := store.SandboxQuery{State: state, Limit: store.MaxLimit}
+	q := store.SandboxQuery{State: state, Limit: store.MaxLimit, IncludePool: true}
 	for {
 		page, err := st.ListSandboxes(ctx, q)
 		if err != nil {

@@ -132,3 +132,82 @@ func TestLongPausedGetsSuspended(t *testing.T) {
 	wait(t, w, op.ID)
 	waitState(t, w, id, sandbox.Suspended, 5*time.Second)
 }
+
+// 100 concurrent creates against a pool of 10: all succeed, no sandbox is
+// handed out twice, and the pool refills.
+func TestWarmPoolConcurrentClaims(t *testing.T) {
+	w := idleWorld(t, 0)
+	ctx := context.Background()
+	if _, err := w.eng.SetWarmPool(ctx, "seed:latest", 10); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		wp, _ := w.eng.WarmPool(ctx, "seed:latest")
+		if wp.Ready == 10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never filled: %+v", wp)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if page, _ := w.eng.List(ctx, store.SandboxQuery{}); len(page.Items) != 0 {
+		t.Fatalf("pool sandboxes are listed: %d", len(page.Items))
+	}
+	type result struct {
+		id     string
+		pooled bool
+		err    error
+	}
+	results := make(chan result, 100)
+	for i := 0; i < 100; i++ {
+		go func() {
+			sb, op, err := w.eng.Create(ctx, lifecycle.CreateRequest{Metadata: map[string]string{"n": "x"}}, nil)
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			results <- result{id: sb.ID, pooled: op.State == sandbox.OpSucceeded && sb.State == sandbox.Running}
+			if !op.State.Terminal() {
+				wait(t, w, op.ID)
+			}
+		}()
+	}
+	seen := map[string]bool{}
+	pooled := 0
+	for i := 0; i < 100; i++ {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if seen[r.id] {
+			t.Fatalf("%s handed out twice", r.id)
+		}
+		seen[r.id] = true
+		if r.pooled {
+			pooled++
+		}
+	}
+	if pooled < 10 {
+		t.Fatalf("only %d creates came from the pool of 10", pooled)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		page, _ := w.eng.List(ctx, store.SandboxQuery{Limit: 500})
+		running := 0
+		for _, sb := range page.Items {
+			if sb.State == sandbox.Running {
+				running++
+			}
+		}
+		wp, _ := w.eng.WarmPool(ctx, "seed:latest")
+		if running == 100 && wp.Ready == 10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 100 running, pool %+v", running, wp)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

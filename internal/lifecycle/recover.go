@@ -18,7 +18,7 @@ import (
 // resumed operations run in the background.
 func (e *Engine) Start(ctx context.Context) error {
 	for _, st := range []sandbox.State{sandbox.Running, sandbox.Paused, sandbox.Suspended} {
-		q := store.SandboxQuery{State: st, Limit: store.MaxLimit}
+		q := store.SandboxQuery{State: st, Limit: store.MaxLimit, IncludePool: true}
 		for {
 			page, err := e.store.ListSandboxes(ctx, q)
 			if err != nil {
@@ -39,9 +39,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	e.started = true
-	e.loops.Add(1)
+	e.loops.Add(2)
 	e.mu.Unlock()
 	go e.runIdle(e.cfg.IdleInterval)
+	go e.runPools()
 	for _, op := range ops {
 		if op.Kind == sandbox.OpBuild {
 			e.failInterruptedBuild(ctx, op)

@@ -81,6 +81,9 @@ type Sandbox struct {
 	// ActiveOperation is the id of the lifecycle operation in flight, if any.
 	// At most one is in flight per sandbox.
 	ActiveOperation string `json:"-"`
+	// Pool is the warm pool a sandbox waits in to be claimed ("" for the
+	// user's sandboxes). Pool sandboxes are not listed.
+	Pool string `json:"-"`
 }
 
 // OpKind is the kind of a lifecycle operation.

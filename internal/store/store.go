@@ -53,6 +53,17 @@ type Store interface {
 	// UpdateSandbox applies mutate to a sandbox in one transaction; an error
 	// from mutate leaves it unchanged. It returns the updated sandbox.
 	UpdateSandbox(ctx context.Context, id string, mutate func(sb *sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	// ClaimPoolSandbox takes one running, idle sandbox of pool in one
+	// transaction: claim turns it into the user's sandbox and returns the
+	// create operation to record; idem is completed with it. NotFound when
+	// the pool has none ready. No sandbox is ever claimed twice.
+	ClaimPoolSandbox(ctx context.Context, pool string, claim func(sb *sandbox.Sandbox) (*sandbox.Operation, *Completion, error)) (*sandbox.Sandbox, *sandbox.Operation, error)
+	// PoolSandboxes lists a pool's sandboxes (every state but deleted).
+	PoolSandboxes(ctx context.Context, pool string) ([]sandbox.Sandbox, error)
+	// SetWarmPool records how many ready sandboxes of a template to keep
+	// (0 drains the pool); WarmPools lists the settings.
+	SetWarmPool(ctx context.Context, template string, minReady int) error
+	WarmPools(ctx context.Context) (map[string]int, error)
 	// TouchSandbox sets a sandbox's last_active_at.
 	TouchSandbox(ctx context.Context, id string, at time.Time) error
 
@@ -98,6 +109,8 @@ type SandboxQuery struct {
 	State  sandbox.State // empty: every state but deleted
 	Cursor string
 	Limit  int
+	// IncludePool lists warm-pool sandboxes too (the engine's own sweeps).
+	IncludePool bool
 }
 
 // OperationQuery selects a page of operations.

@@ -90,6 +90,10 @@ type Runtime struct {
 
 	mu        sync.Mutex // guards endpoints
 	endpoints map[string]*agentclient.Endpoint
+
+	// firstStart serialises sandbox starts until runsc has made its shared
+	// network-namespace mount; concurrent first starts would each mount it.
+	firstStart sync.Mutex
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -183,6 +187,10 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, args ...string) 
 	}
 	defer logf.Close()
 	off, _ := logf.Seek(0, io.SeekEnd)
+	if _, err := os.Stat(filepath.Join(r.cfg.Dir, "runsc", "null-netns")); err != nil {
+		r.firstStart.Lock()
+		defer r.firstStart.Unlock()
+	}
 	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags(spec), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
 	if err := cmd.Run(); err != nil {

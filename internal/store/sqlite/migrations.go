@@ -47,4 +47,14 @@ CREATE TABLE tokens (
 	revoked_at INTEGER
 );
 `,
+	// 2: warm pools: pool sandboxes are marked, and each template's wanted size.
+	`
+ALTER TABLE sandboxes ADD COLUMN pool TEXT NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_pool ON sandboxes(pool, state, seq);
+CREATE TABLE warm_pools (
+	template   TEXT PRIMARY KEY,
+	min_ready  INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL
+);
+`,
 }

@@ -155,7 +155,7 @@ func insertSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("encode sandbox: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, doc) VALUES (?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, doc)
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, pool, doc) VALUES (?, ?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, sb.Pool, doc)
 	if err != nil {
 		if isUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "sandbox %s already exists", sb.ID)
@@ -185,7 +185,7 @@ func updateSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("encode sandbox: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, active_op = ?, doc = ? WHERE id = ?`, sb.State, sb.ActiveOperation, doc, sb.ID)
+	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, active_op = ?, pool = ?, doc = ? WHERE id = ?`, sb.State, sb.ActiveOperation, sb.Pool, doc, sb.ID)
 	if err != nil {
 		return fmt.Errorf("update sandbox: %w", err)
 	}
@@ -210,8 +210,8 @@ type querier interface {
 
 func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, error) {
 	var doc []byte
-	var active string
-	err := q.QueryRowContext(ctx, `SELECT doc, active_op FROM sandboxes WHERE id = ?`, id).Scan(&doc, &active)
+	var active, pool string
+	err := q.QueryRowContext(ctx, `SELECT doc, active_op, pool FROM sandboxes WHERE id = ?`, id).Scan(&doc, &active, &pool)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
 	}
@@ -222,7 +222,7 @@ func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, er
 	if err := json.Unmarshal(doc, &sb); err != nil {
 		return nil, fmt.Errorf("decode sandbox %s: %w", id, err)
 	}
-	sb.ActiveOperation = active
+	sb.ActiveOperation, sb.Pool = active, pool
 	return &sb, nil
 }
 
@@ -264,9 +264,9 @@ func (s *Store) ListSandboxes(ctx context.Context, q store.SandboxQuery) (store.
 	}
 	var rows *sql.Rows
 	if q.State != "" {
-		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op FROM sandboxes WHERE state = ? AND seq > ? ORDER BY seq LIMIT ?`, q.State, after, limit+1)
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE state = ? AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, q.State, q.IncludePool, after, limit+1)
 	} else {
-		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op FROM sandboxes WHERE state != 'deleted' AND seq > ? ORDER BY seq LIMIT ?`, after, limit+1)
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE state != 'deleted' AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, q.IncludePool, after, limit+1)
 	}
 	if err != nil {
 		return page, fmt.Errorf("list sandboxes: %w", err)
@@ -277,18 +277,18 @@ func (s *Store) ListSandboxes(ctx context.Context, q store.SandboxQuery) (store.
 		var seq int64
 		var doc []byte
 		var sb sandbox.Sandbox
-		if err := rows.Scan(&seq, &doc, &sb.ActiveOperation); err != nil {
+		var active, pool string
+		if err := rows.Scan(&seq, &doc, &active, &pool); err != nil {
 			return page, fmt.Errorf("scan sandbox: %w", err)
 		}
 		if len(page.Items) == limit {
 			page.Next = store.EncodeCursor(lastSeq)
 			break
 		}
-		active := sb.ActiveOperation
 		if err := json.Unmarshal(doc, &sb); err != nil {
 			return page, fmt.Errorf("decode sandbox: %w", err)
 		}
-		sb.ActiveOperation = active
+		sb.ActiveOperation, sb.Pool = active, pool
 		page.Items = append(page.Items, sb)
 		lastSeq = seq
 	}
@@ -443,6 +443,94 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, mutate func(*sandb
 		return updateSandbox(ctx, tx, sb)
 	})
 	return out, err
+}
+
+func (s *Store) ClaimPoolSandbox(ctx context.Context, pool string, claim func(*sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error)) (*sandbox.Sandbox, *sandbox.Operation, error) {
+	var sb *sandbox.Sandbox
+	var op *sandbox.Operation
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var id string
+		err := tx.QueryRowContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state = 'running' AND active_op = '' ORDER BY seq LIMIT 1`, pool).Scan(&id)
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.New(errdefs.NotFound, "warm pool %s has no ready sandbox", pool)
+		}
+		if err != nil {
+			return fmt.Errorf("find pool sandbox: %w", err)
+		}
+		if sb, err = getSandbox(ctx, tx, id); err != nil {
+			return err
+		}
+		var idem *store.Completion
+		if op, idem, err = claim(sb); err != nil {
+			return err
+		}
+		sb.Pool = ""
+		if err := updateSandbox(ctx, tx, sb); err != nil {
+			return err
+		}
+		if err := insertOperation(ctx, tx, op); err != nil {
+			return err
+		}
+		return completeIdem(ctx, tx, idem)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return sb, op, nil
+}
+
+func (s *Store) PoolSandboxes(ctx context.Context, pool string) ([]sandbox.Sandbox, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state != 'deleted' ORDER BY seq`, pool)
+	if err != nil {
+		return nil, fmt.Errorf("list pool: %w", err)
+	}
+	var idsList []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		idsList = append(idsList, id)
+	}
+	rows.Close()
+	var out []sandbox.Sandbox
+	for _, id := range idsList {
+		sb, err := getSandbox(ctx, s.r, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *sb)
+	}
+	return out, nil
+}
+
+func (s *Store) SetWarmPool(ctx context.Context, template string, minReady int) error {
+	// A pool set to 0 is kept (at 0) so its sandboxes are drained.
+	_, err := s.w.ExecContext(ctx, `INSERT INTO warm_pools(template, min_ready, updated_at) VALUES (?, ?, ?) ON CONFLICT(template) DO UPDATE SET min_ready = excluded.min_ready, updated_at = excluded.updated_at`,
+		template, max(minReady, 0), time.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("set warm pool: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) WarmPools(ctx context.Context) (map[string]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT template, min_ready FROM warm_pools`)
+	if err != nil {
+		return nil, fmt.Errorf("list warm pools: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var t string
+		var n int
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, err
+		}
+		out[t] = n
+	}
+	return out, rows.Err()
 }
 
 func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error {

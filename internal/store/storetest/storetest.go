@@ -43,6 +43,7 @@ func Run(t *testing.T, newDB Factory) {
 		{"Tokens", testTokens},
 		{"ActiveSandboxLimit", testActiveLimit},
 		{"OperationWithoutSandbox", testOperationWithoutSandbox},
+		{"WarmPoolClaims", testWarmPoolClaims},
 		{"SurvivesReopen", testSurvivesReopen},
 	}
 	for _, tc := range tests {
@@ -588,5 +589,70 @@ func testOperationWithoutSandbox(t *testing.T, open Opener) {
 	got, _ := s.GetOperation(ctx, op.ID)
 	if got.State != sandbox.OpSucceeded || got.SandboxID != "" || got.Template != "mine:v1" {
 		t.Fatalf("build op = %+v", got)
+	}
+}
+
+func testWarmPoolClaims(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	var pooled []string
+	for i := 0; i < 3; i++ {
+		sb, op := newSandbox(sandbox.Running)
+		sb.Pool, sb.ActiveOperation = "k", ""
+		if err := s.CreateSandbox(ctx, sb, op, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		pooled = append(pooled, sb.ID)
+	}
+	if l := listAll(t, s, store.SandboxQuery{}); len(l) != 0 {
+		t.Fatalf("pool sandboxes listed: %v", l)
+	}
+	if l := listAll(t, s, store.SandboxQuery{IncludePool: true, State: sandbox.Running}); len(l) != 3 {
+		t.Fatalf("IncludePool lists %d", len(l))
+	}
+	var mu sync.Mutex
+	claimed := map[string]bool{}
+	var wg sync.WaitGroup
+	for i := 0; i < 10; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, _, err := s.ClaimPoolSandbox(ctx, "k", func(sb *sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error) {
+				sb.Metadata = map[string]string{"claimed": "yes"}
+				return &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpSucceeded, CreatedAt: epoch, UpdatedAt: epoch}, nil, nil
+			})
+			if err != nil {
+				if !errors.Is(err, errdefs.NotFound) {
+					t.Error(err)
+				}
+				return
+			}
+			mu.Lock()
+			if claimed[sb.ID] {
+				t.Errorf("%s claimed twice", sb.ID)
+			}
+			claimed[sb.ID] = true
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if len(claimed) != 3 {
+		t.Fatalf("%d claimed, want 3", len(claimed))
+	}
+	if l := listAll(t, s, store.SandboxQuery{}); len(l) != 3 {
+		t.Fatalf("claimed sandboxes not listed: %v", l)
+	}
+	if left, _ := s.PoolSandboxes(ctx, "k"); len(left) != 0 {
+		t.Fatalf("pool still holds %d", len(left))
+	}
+	if err := s.SetWarmPool(ctx, "seed:latest", 4); err != nil {
+		t.Fatal(err)
+	}
+	s.SetWarmPool(ctx, "seed:latest", 5)
+	s.SetWarmPool(ctx, "test:latest", 1)
+	s.SetWarmPool(ctx, "test:latest", 0)
+	if m, _ := s.WarmPools(ctx); len(m) != 2 || m["seed:latest"] != 5 || m["test:latest"] != 0 {
+		t.Fatalf("warm pools = %v", m)
 	}
 }

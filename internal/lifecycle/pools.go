@@ -1,0 +1,201 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Warm pools keep ready sandboxes of a template so a create is a claim, not a
+// boot. A pool sandbox is an ordinary sandbox marked with its pool key
+// (runtime, template digest, resources); it counts against capacity, is not
+// listed to users, and a create that fits (same template digest, runtime and
+// default resources) takes one atomically in the store — never the same one
+// twice. The claimed sandbox gets its own clock and fresh entropy; its
+// hostname is already its own id's. The pool refills in the background.
+
+// MaxWarmPool bounds one pool.
+const MaxWarmPool = 100
+
+func poolKey(runtime, digest string, r sandbox.Resources) string {
+	return fmt.Sprintf("%s|%s|%d/%d/%d", runtime, digest, r.VCPUs, r.MemoryMiB, r.DiskMiB)
+}
+
+// SetWarmPool sets how many ready sandboxes of template to keep (0 stops).
+func (e *Engine) SetWarmPool(ctx context.Context, template string, minReady int) (WarmPool, error) {
+	if minReady < 0 || minReady > MaxWarmPool {
+		return WarmPool{}, errdefs.New(errdefs.InvalidArgument, "min_ready must be between 0 and %d", MaxWarmPool)
+	}
+	if e.cfg.Templates == nil {
+		return WarmPool{}, errdefs.New(errdefs.Unavailable, "no template store is configured")
+	}
+	if _, err := e.cfg.Templates.Resolve(ctx, template); err != nil {
+		return WarmPool{}, err
+	}
+	if err := e.store.SetWarmPool(ctx, template, minReady); err != nil {
+		return WarmPool{}, err
+	}
+	e.kickPools()
+	return e.WarmPool(ctx, template)
+}
+
+// WarmPool is a pool's setting and how many sandboxes are ready in it.
+type WarmPool struct {
+	Template string `json:"template"`
+	MinReady int    `json:"min_ready"`
+	Ready    int    `json:"ready"`
+	Starting int    `json:"starting"`
+}
+
+// WarmPool reports a template's pool.
+func (e *Engine) WarmPool(ctx context.Context, template string) (WarmPool, error) {
+	pools, err := e.store.WarmPools(ctx)
+	if err != nil {
+		return WarmPool{}, err
+	}
+	wp := WarmPool{Template: template, MinReady: pools[template]}
+	if tpl, err := e.cfg.Templates.Resolve(ctx, template); err == nil {
+		sbs, err := e.store.PoolSandboxes(ctx, poolKey(e.cfg.DefaultRuntime, tpl.Digest, DefaultResources))
+		if err != nil {
+			return wp, err
+		}
+		for _, sb := range sbs {
+			switch {
+			case sb.State == sandbox.Running && sb.ActiveOperation == "":
+				wp.Ready++
+			case sb.State == sandbox.Starting:
+				wp.Starting++
+			}
+		}
+	} else if !errors.Is(err, errdefs.NotFound) {
+		return wp, err
+	}
+	return wp, nil
+}
+
+func (e *Engine) kickPools() {
+	select {
+	case e.poolKick <- struct{}{}:
+	default:
+	}
+}
+
+// claim tries to hand a pool sandbox to a create. It returns nil when no
+// pool sandbox fits or is ready.
+func (e *Engine) claim(ctx context.Context, req CreateRequest, tpl sandbox.TemplateRef, rt string, render Render) (*sandbox.Sandbox, *sandbox.Operation) {
+	if *req.Resources != DefaultResources {
+		return nil, nil
+	}
+	now := e.now()
+	sb, op, err := e.store.ClaimPoolSandbox(ctx, poolKey(rt, tpl.Digest, *req.Resources), func(sb *sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error) {
+		sb.Template, sb.Env, sb.Metadata, sb.AutoLifecycle = tpl, req.Env, req.Metadata, *req.AutoLifecycle
+		sb.CreatedAt, sb.UpdatedAt, sb.LastActiveAt = now, now, now
+		op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpSucceeded,
+			CreatedAt: now, UpdatedAt: now, CompletedAt: &now}
+		c := *sb
+		c.Pool = ""
+		return op, render.completion(&c, op), nil
+	})
+	if err != nil {
+		if !errors.Is(err, errdefs.NotFound) {
+			e.log.Warn("claim from warm pool", "err", err)
+		}
+		return nil, nil
+	}
+	e.kickPools()
+	// Its own clock and entropy, now that it is someone's.
+	e.loops.Add(1)
+	go func() {
+		defer e.loops.Done()
+		if r, ok := e.runtimes[sb.Runtime]; ok {
+			e.identify(e.life, r, e.spec(sb), false)
+		}
+	}()
+	e.observe(*op, 0)
+	e.log.Info("sandbox created from the warm pool", "sandbox_id", sb.ID, "operation_id", op.ID)
+	return sb, op
+}
+
+// runPools keeps every pool at its size until the engine closes.
+func (e *Engine) runPools() {
+	defer e.loops.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		e.refill(e.life)
+		select {
+		case <-e.life.Done():
+			return
+		case <-t.C:
+		case <-e.poolKick:
+		}
+	}
+}
+
+func (e *Engine) refill(ctx context.Context) {
+	if e.Ready() != nil {
+		return
+	}
+	pools, err := e.store.WarmPools(ctx)
+	if err != nil {
+		return
+	}
+	rt := e.cfg.DefaultRuntime
+	for ref, want := range pools {
+		tpl, err := e.cfg.Templates.Resolve(ctx, ref)
+		if err != nil {
+			continue
+		}
+		key := poolKey(rt, tpl.Digest, DefaultResources)
+		sbs, err := e.store.PoolSandboxes(ctx, key)
+		if err != nil {
+			continue
+		}
+		have := 0
+		var ready []string
+		for _, sb := range sbs {
+			switch sb.State {
+			case sandbox.Running:
+				have++
+				if sb.ActiveOperation == "" {
+					ready = append(ready, sb.ID)
+				}
+			case sandbox.Starting:
+				have++
+			case sandbox.Failed, sandbox.Paused, sandbox.Suspended:
+				e.Delete(ctx, sb.ID, nil) // a pool sandbox that is not ready is useless
+			}
+		}
+		for i := have; i < want; i++ {
+			if err := e.createPooled(ctx, key, tpl, rt); err != nil {
+				e.log.Warn("refill warm pool", "template", ref, "err", err)
+				break
+			}
+		}
+		for i := 0; i < len(ready)-want; i++ { // the pool shrank
+			e.Delete(ctx, ready[i], nil)
+		}
+	}
+}
+
+func (e *Engine) createPooled(ctx context.Context, key string, tpl sandbox.TemplateRef, rt string) error {
+	now := e.now()
+	sb := &sandbox.Sandbox{
+		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rt, Resources: DefaultResources,
+		Env: map[string]string{}, Metadata: map[string]string{}, AutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: "720h", IdleAction: "none"},
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: key,
+	}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
+	sb.ActiveOperation = op.ID
+	if err := e.store.CreateSandbox(ctx, sb, op, nil, e.cfg.MaxActiveSandboxes); err != nil {
+		return err
+	}
+	e.submit(*op)
+	return nil
+}
