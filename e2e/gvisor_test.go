@@ -240,6 +240,9 @@ func TestGVisorWarmPool(t *testing.T) {
 	if r := s.do("GET", "/v1/sandboxes", s.token, nil); !bytes.Contains(r.body, []byte(`"items":[]`)) {
 		t.Fatalf("pool sandboxes are listed: %s", r.body)
 	}
+	if r := s.do("GET", "/metrics", "", nil); !bytes.Contains(r.body, []byte(`space_sandboxes{pool="true",state="running"} 3`)) {
+		t.Fatalf("pool sandboxes not in metrics:\n%s", grepLines(string(r.body), "space_sandboxes"))
+	}
 	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","env":{"MINE":"yes"}}`))
 	var created struct {
 		Sandbox   struct{ ID, State string }
@@ -270,4 +273,14 @@ func TestGVisorWarmPool(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func grepLines(text, substr string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // Metrics is one registry of SPACE metrics.
@@ -59,3 +61,39 @@ func (m *Metrics) OperationFinished(kind sandbox.OpKind, state sandbox.OpState, 
 // Register adds further collectors (for example gauges owned by other
 // packages).
 func (m *Metrics) Register(c ...prometheus.Collector) { m.reg.MustRegister(c...) }
+
+// SandboxCounter counts sandboxes by state and pool membership.
+type SandboxCounter interface {
+	CountSandboxes(ctx context.Context) ([]store.SandboxCount, error)
+}
+
+// sandboxGauge reports space_sandboxes{state, pool} at scrape time.
+type sandboxGauge struct {
+	src  SandboxCounter
+	desc *prometheus.Desc
+}
+
+func (g sandboxGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g sandboxGauge) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	counts, err := g.src.CountSandboxes(ctx)
+	if err != nil {
+		return
+	}
+	for _, c := range counts {
+		pool := "false"
+		if c.Pooled {
+			pool = "true"
+		}
+		ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(c.Count), string(c.State), pool)
+	}
+}
+
+// WatchSandboxes exports the number of sandboxes per state, warm-pool
+// sandboxes (pool="true") apart from users'.
+func (m *Metrics) WatchSandboxes(src SandboxCounter) {
+	m.reg.MustRegister(sandboxGauge{src: src, desc: prometheus.NewDesc("space_sandboxes",
+		"Sandboxes by state; pool=\"true\" are warm-pool sandboxes waiting to be claimed.", []string{"state", "pool"}, nil)})
+}

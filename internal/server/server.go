@@ -97,6 +97,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		return fmt.Errorf("discover runtimes: %w", err)
 	}
 	m := metrics.New()
+	m.WatchSandboxes(st)
 	eng, err := lifecycle.New(lifecycle.Config{
 		Store: st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
 		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Logger: log, Observer: m,

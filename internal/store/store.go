@@ -64,6 +64,9 @@ type Store interface {
 	// (0 drains the pool); WarmPools lists the settings.
 	SetWarmPool(ctx context.Context, template string, minReady int) error
 	WarmPools(ctx context.Context) (map[string]int, error)
+	// CountSandboxes counts sandboxes by state, separately for warm-pool
+	// sandboxes (pooled=true) and users' (deleted ones are not counted).
+	CountSandboxes(ctx context.Context) ([]SandboxCount, error)
 	// TouchSandbox sets a sandbox's last_active_at.
 	TouchSandbox(ctx context.Context, id string, at time.Time) error
 
@@ -102,6 +105,13 @@ type Finish struct {
 	SandboxState sandbox.State
 	SandboxError *sandbox.ErrorInfo
 	At           time.Time
+}
+
+// SandboxCount is how many sandboxes are in a state.
+type SandboxCount struct {
+	State  sandbox.State
+	Pooled bool
+	Count  int
 }
 
 // SandboxQuery selects a page of sandboxes.

@@ -533,6 +533,23 @@ func (s *Store) WarmPools(ctx context.Context) (map[string]int, error) {
 	return out, rows.Err()
 }
 
+func (s *Store) CountSandboxes(ctx context.Context) ([]store.SandboxCount, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT state, pool != '', COUNT(*) FROM sandboxes WHERE state != 'deleted' GROUP BY 1, 2 ORDER BY 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []store.SandboxCount
+	for rows.Next() {
+		var c store.SandboxCount
+		if err := rows.Scan(&c.State, &c.Pooled, &c.Count); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
 func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		sb, err := getSandbox(ctx, tx, id)

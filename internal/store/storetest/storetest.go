@@ -608,6 +608,9 @@ func testWarmPoolClaims(t *testing.T, open Opener) {
 	if l := listAll(t, s, store.SandboxQuery{}); len(l) != 0 {
 		t.Fatalf("pool sandboxes listed: %v", l)
 	}
+	if c, err := s.CountSandboxes(ctx); err != nil || len(c) != 1 || c[0] != (store.SandboxCount{State: sandbox.Running, Pooled: true, Count: 3}) {
+		t.Fatalf("counts = %+v %v", c, err)
+	}
 	if l := listAll(t, s, store.SandboxQuery{IncludePool: true, State: sandbox.Running}); len(l) != 3 {
 		t.Fatalf("IncludePool lists %d", len(l))
 	}
