@@ -18,15 +18,9 @@ func processID(p params) (string, error) {
 
 func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p params) {
 	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
-		id, err := sandboxID(p)
-		if err != nil {
-			return response{}, err
-		}
-		if _, err := query(r); err != nil {
-			return response{}, err
-		}
 		var req commands.CreateRequest
-		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+		id, err := sandboxJSON(r, p, body, &req)
+		if err != nil {
 			return response{}, err
 		}
 		sess, err := s.commands.Create(r.Context(), id, req)
@@ -82,19 +76,13 @@ type signalRequest struct {
 
 func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, p params) {
 	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
-		id, err := sandboxID(p)
+		var req signalRequest
+		id, err := sandboxJSON(r, p, body, &req)
 		if err != nil {
 			return response{}, err
 		}
 		pid, err := processID(p)
 		if err != nil {
-			return response{}, err
-		}
-		if _, err := query(r); err != nil {
-			return response{}, err
-		}
-		var req signalRequest
-		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
 			return response{}, err
 		}
 		if err := s.commands.Signal(r.Context(), id, pid, req.Signal); err != nil {

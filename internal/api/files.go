@@ -214,15 +214,9 @@ type moveRequest struct {
 
 func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request, p params) {
 	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
-		id, err := sandboxID(p)
-		if err != nil {
-			return response{}, err
-		}
-		if _, err := query(r); err != nil {
-			return response{}, err
-		}
 		var req mkdirRequest
-		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+		id, err := sandboxJSON(r, p, body, &req)
+		if err != nil {
 			return response{}, err
 		}
 		name, err := filePath(req.Path, "path")
@@ -248,15 +242,9 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request, p params) {
 
 func (s *Server) moveFile(w http.ResponseWriter, r *http.Request, p params) {
 	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
-		id, err := sandboxID(p)
-		if err != nil {
-			return response{}, err
-		}
-		if _, err := query(r); err != nil {
-			return response{}, err
-		}
 		var req moveRequest
-		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
+		id, err := sandboxJSON(r, p, body, &req)
+		if err != nil {
 			return response{}, err
 		}
 		from, err := filePath(req.From, "from")

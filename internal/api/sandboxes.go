@@ -54,6 +54,22 @@ func sandboxID(p params) (string, error) {
 	return id, nil
 }
 
+// sandboxJSON checks a mutation on one sandbox: a well-formed id, no query
+// parameters, and the body decoded strictly into v. It returns the id.
+func sandboxJSON(r *http.Request, p params, body []byte, v any) (string, error) {
+	id, err := sandboxID(p)
+	if err != nil {
+		return "", err
+	}
+	if _, err := query(r); err != nil {
+		return "", err
+	}
+	if err := decodeJSON(r.Header.Get("Content-Type"), body, v); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
 func truncate(s string, n int) string {
 	if len(s) > n {
 		return s[:n] + "…"
@@ -161,15 +177,9 @@ func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
 	}[kind]
 	return func(w http.ResponseWriter, r *http.Request, p params) {
 		s.mutate(w, r, func(body []byte, i *idem) (response, error) {
-			id, err := sandboxID(p)
-			if err != nil {
-				return response{}, err
-			}
-			if _, err := query(r); err != nil {
-				return response{}, err
-			}
 			var empty struct{}
-			if err := decodeJSON(r.Header.Get("Content-Type"), body, &empty); err != nil {
+			id, err := sandboxJSON(r, p, body, &empty)
+			if err != nil {
 				return response{}, err
 			}
 			build := func(_ *sandbox.Sandbox, op *sandbox.Operation) any { return operationResponse{Operation: op} }
