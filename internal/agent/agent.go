@@ -45,6 +45,7 @@ type Agent struct {
 	fs     fsys
 	reaper *reaper
 	writes *writes
+	names  names
 
 	mu    sync.Mutex // guards procs
 	procs map[string]*process

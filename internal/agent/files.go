@@ -31,6 +31,7 @@ type fsys interface {
 	Rename(from, to string) error
 	Readlink(name string) (string, error)
 	Chmod(name string, mode fs.FileMode) error
+	Lchown(name string, uid, gid int) error
 }
 
 func newFS(root string) (fsys, error) {
@@ -55,6 +56,7 @@ func (hostFS) RemoveAll(n string) error                                  { retur
 func (hostFS) Rename(a, b string) error                                  { return os.Rename(a, b) }
 func (hostFS) Readlink(n string) (string, error)                         { return os.Readlink(n) }
 func (hostFS) Chmod(n string, m fs.FileMode) error                       { return os.Chmod(n, m) }
+func (hostFS) Lchown(n string, u, g int) error                           { return os.Lchown(n, u, g) }
 
 type rootFS struct{ r *os.Root }
 
@@ -81,6 +83,7 @@ func (f rootFS) RemoveAll(n string) error {
 func (f rootFS) Rename(a, b string) error            { return f.r.Rename(rel(a), rel(b)) }
 func (f rootFS) Readlink(n string) (string, error)   { return f.r.Readlink(rel(n)) }
 func (f rootFS) Chmod(n string, m fs.FileMode) error { return f.r.Chmod(rel(n), m) }
+func (f rootFS) Lchown(n string, u, g int) error     { return f.r.Lchown(rel(n), u, g) }
 
 // cleanPath checks that p is an absolute path and returns it cleaned; ".."
 // cannot climb above "/".
@@ -114,8 +117,13 @@ func fileError(op, p string, err error) error {
 	return proto.Errorf(proto.CodeInternal, "%s %s: %v", op, p, err)
 }
 
-func entry(p string, fi fs.FileInfo, f fsys) proto.Entry {
+func (a *Agent) entry(p string, fi fs.FileInfo) proto.Entry {
+	f := a.fs
 	e := proto.Entry{Path: p, Name: path.Base(p), Size: fi.Size(), Mode: "0" + strconvOct(uint32(fi.Mode().Perm())), ModTime: fi.ModTime().UTC()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		e.UID, e.GID = int(st.Uid), int(st.Gid)
+		e.Owner, e.Group = a.owners(e.UID, e.GID)
+	}
 	switch {
 	case fi.Mode().IsRegular():
 		e.Type = "file"
@@ -163,6 +171,7 @@ type pendingWrite struct {
 	tmp     string
 	f       *os.File
 	mode    fs.FileMode
+	owner   *account // nil: the agent's user
 	written int64
 	touched time.Time
 }
@@ -184,7 +193,7 @@ func (a *Agent) dispatchFile(ctx context.Context, c proto.Call, blob []byte) (an
 		if err != nil {
 			return nil, nil, fileError("stat", name, err)
 		}
-		return entry(name, fi, a.fs), nil, nil
+		return a.entry(name, fi), nil, nil
 	case proto.MethodFileList:
 		p, err := decode[proto.ListRequest](c.Params)
 		if err != nil {
@@ -261,14 +270,14 @@ func (a *Agent) dispatchFile(ctx context.Context, c proto.Call, blob []byte) (an
 		if mode == 0 {
 			mode = 0o755
 		}
-		if err := a.fs.MkdirAll(name, mode); err != nil {
+		if err := a.mkdirAs(name, mode, p.User); err != nil {
 			return nil, nil, fileError("mkdir", name, err)
 		}
 		fi, err := a.fs.Lstat(name)
 		if err != nil {
 			return nil, nil, fileError("mkdir", name, err)
 		}
-		return entry(name, fi, a.fs), nil, nil
+		return a.entry(name, fi), nil, nil
 	case proto.MethodFileMove:
 		p, err := decode[proto.MoveRequest](c.Params)
 		if err != nil {
@@ -292,7 +301,7 @@ func (a *Agent) dispatchFile(ctx context.Context, c proto.Call, blob []byte) (an
 		if err != nil {
 			return nil, nil, fileError("move", to, err)
 		}
-		return entry(to, fi, a.fs), nil, nil
+		return a.entry(to, fi), nil, nil
 	}
 	return nil, nil, proto.Errorf(proto.CodeUnimplemented, "unknown method %q", c.Method)
 }
@@ -340,7 +349,7 @@ func (a *Agent) listDir(p proto.ListRequest) (any, []byte, error) {
 			if err != nil {
 				continue // vanished meanwhile
 			}
-			out.Items = append(out.Items, entry(child, info, a.fs))
+			out.Items = append(out.Items, a.entry(child, info))
 			if de.IsDir() && depth > 1 {
 				if err := walk(child, depth-1); err != nil {
 					return err
@@ -407,8 +416,16 @@ func (a *Agent) writeBegin(p proto.WriteBegin) (proto.WriteHandle, error) {
 	if fi, err := a.fs.Stat(name); err == nil && fi.IsDir() {
 		return proto.WriteHandle{}, proto.Errorf(proto.CodeFailedPrecondition, "write %s: is a directory", name)
 	}
+	var owner *account
+	if p.User != "" {
+		u, err := a.lookupUser(p.User)
+		if err != nil {
+			return proto.WriteHandle{}, err
+		}
+		owner = &u
+	}
 	dir := path.Dir(name)
-	if err := a.fs.MkdirAll(dir, 0o755); err != nil {
+	if err := a.mkdirAs(dir, 0o755, p.User); err != nil {
 		return proto.WriteHandle{}, fileError("write", name, err)
 	}
 	tmp := path.Join(dir, "."+path.Base(name)+".space-"+randomSuffix())
@@ -418,7 +435,7 @@ func (a *Agent) writeBegin(p proto.WriteBegin) (proto.WriteHandle, error) {
 	}
 	h := randomSuffix()
 	a.writes.mu.Lock()
-	a.writes.m[h] = &pendingWrite{dst: name, tmp: tmp, f: f, mode: mode, touched: time.Now()}
+	a.writes.m[h] = &pendingWrite{dst: name, tmp: tmp, f: f, mode: mode, owner: owner, touched: time.Now()}
 	a.writes.mu.Unlock()
 	a.expireWrites()
 	return proto.WriteHandle{Handle: h}, nil
@@ -462,6 +479,13 @@ func (a *Agent) writeCommit(h string) (proto.Entry, error) {
 	a.writes.mu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.owner != nil {
+		if err := w.f.Chown(w.owner.uid, w.owner.gid); err != nil {
+			w.f.Close()
+			a.fs.Remove(w.tmp)
+			return proto.Entry{}, fileError("write", w.dst, err)
+		}
+	}
 	if err := w.f.Chmod(w.mode); err != nil {
 		w.f.Close()
 		a.fs.Remove(w.tmp)
@@ -481,7 +505,7 @@ func (a *Agent) writeCommit(h string) (proto.Entry, error) {
 	if err != nil {
 		return proto.Entry{}, fileError("write", w.dst, err)
 	}
-	return entry(w.dst, fi, a.fs), nil
+	return a.entry(w.dst, fi), nil
 }
 
 func (a *Agent) writeAbort(h string) {
@@ -514,4 +538,32 @@ func (a *Agent) expireWrites() {
 	for _, h := range stale {
 		a.writeAbort(h)
 	}
+}
+
+// mkdirAs makes dir and its missing parents; with user, the directories it
+// made belong to that user of the sandbox.
+func (a *Agent) mkdirAs(dir string, mode fs.FileMode, user string) error {
+	if user == "" {
+		return a.fs.MkdirAll(dir, mode)
+	}
+	acc, err := a.lookupUser(user)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for d := dir; d != "/"; d = path.Dir(d) {
+		if _, err := a.fs.Lstat(d); err == nil {
+			break
+		}
+		missing = append(missing, d)
+	}
+	if err := a.fs.MkdirAll(dir, mode); err != nil {
+		return err
+	}
+	for _, d := range missing {
+		if err := a.fs.Lchown(d, acc.uid, acc.gid); err != nil {
+			return err
+		}
+	}
+	return nil
 }

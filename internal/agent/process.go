@@ -40,7 +40,7 @@ func (p *process) status() proto.Process {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return proto.Process{ID: p.spec.ID, State: p.state, Argv: p.spec.Argv, Cwd: p.spec.Cwd, PID: p.pid, PTY: p.spec.PTY != nil,
-		Tag: p.spec.Tag, ExitCode: p.exitCode, Signal: p.signal, Error: p.err, CreatedAt: p.createdAt, StartedAt: p.startedAt, ExitedAt: p.exitedAt}
+		Tag: p.spec.Tag, User: p.spec.User, ExitCode: p.exitCode, Signal: p.signal, Error: p.err, CreatedAt: p.createdAt, StartedAt: p.startedAt, ExitedAt: p.exitedAt}
 }
 
 // Exit codes for processes that could not start (as shells use them).
@@ -78,7 +78,22 @@ func (a *Agent) start(p *process) {
 	p.mu.Unlock()
 
 	spec := p.spec
-	env := a.environ(spec)
+	var acc *account
+	if spec.User != "" {
+		u, err := a.lookupUser(spec.User)
+		if err != nil {
+			p.fail(exitStartFailed, proto.Errorf("user_not_found", "user %s does not exist in the sandbox", spec.User))
+			return
+		}
+		acc = &u
+		if spec.Cwd == "" {
+			spec.Cwd = u.home
+			if fi, err := os.Stat(u.home); err != nil || !fi.IsDir() {
+				spec.Cwd = "/"
+			}
+		}
+	}
+	env := a.environ(spec, acc)
 	if spec.Cwd != "" {
 		if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
 			p.fail(exitStartFailed, proto.Errorf("cwd_not_found", "working directory %s does not exist", spec.Cwd))
@@ -141,6 +156,9 @@ func (a *Agent) start(p *process) {
 			p.stdin = w
 			p.mu.Unlock()
 		}
+	}
+	if acc != nil && acc.uid != os.Getuid() {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(acc.uid), Gid: uint32(acc.gid), Groups: acc.groups}
 	}
 	exited, err := a.reaper.start(func() (int, error) {
 		if err := cmd.Start(); err != nil {
@@ -242,12 +260,15 @@ func pump(f *os.File, stream string, out *ring) {
 	}
 }
 
-func (a *Agent) environ(spec proto.ProcessSpec) []string {
+func (a *Agent) environ(spec proto.ProcessSpec, acc *account) []string {
 	m := map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 	for _, kv := range os.Environ() {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			m[k] = v
 		}
+	}
+	if acc != nil {
+		m["HOME"], m["USER"], m["LOGNAME"] = acc.home, acc.name, acc.name
 	}
 	if spec.PTY != nil {
 		m["TERM"] = "xterm-256color"

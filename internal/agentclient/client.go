@@ -298,10 +298,15 @@ func (c *Client) ReadFile(ctx context.Context, path string, offset int64, length
 // appears atomically, with mode, once everything arrived. It never holds
 // more than one chunk in memory.
 func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.Reader, chunk int) (proto.Entry, error) {
+	return c.WriteFileAs(ctx, proto.WriteBegin{Path: path, Mode: mode}, r, chunk)
+}
+
+// WriteFileAs is WriteFile with every option of the write (its owner).
+func (c *Client) WriteFileAs(ctx context.Context, begin proto.WriteBegin, r io.Reader, chunk int) (proto.Entry, error) {
 	if chunk <= 0 || chunk > proto.MaxBlob {
 		chunk = 1 << 20
 	}
-	h, _, err := call[proto.WriteHandle](ctx, c, proto.MethodFileWriteBegin, proto.WriteBegin{Path: path, Mode: mode}, nil)
+	h, _, err := call[proto.WriteHandle](ctx, c, proto.MethodFileWriteBegin, begin, nil)
 	if err != nil {
 		return proto.Entry{}, err
 	}
@@ -341,7 +346,12 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 
 // Mkdir makes a directory and its parents.
 func (c *Client) Mkdir(ctx context.Context, path string, mode uint32) (proto.Entry, error) {
-	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileMkdir, proto.MkdirRequest{Path: path, Mode: mode}, nil)
+	return c.MkdirAs(ctx, proto.MkdirRequest{Path: path, Mode: mode})
+}
+
+// MkdirAs is Mkdir with every option (the owner of what it makes).
+func (c *Client) MkdirAs(ctx context.Context, req proto.MkdirRequest) (proto.Entry, error) {
+	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileMkdir, req, nil)
 	return e, err
 }
 

@@ -2,17 +2,11 @@ package api
 
 import (
 	"bufio"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"log/slog"
-	"math"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -88,12 +82,6 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func newSubscriber() string {
-	var b [8]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // events streams a session's output as Server-Sent Events. The first attach
 // starts the process. Terminal events: process_exited (success) or error.
 // A stream that ends without one is incomplete; the client reconnects with
@@ -110,12 +98,10 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 		d.fail(w, r, commands.AgentError("start process", err))
 		return
 	}
-	release := d.cmds.Agents().Attached(sbx)
-	defer release()
 	last := parseLastEventID(r.Header.Get("Last-Event-ID"))
 	after := last.after
 	if last.resync {
-		after = math.MaxUint64 // names no chunk: the agent resyncs
+		after = commands.FollowAll
 	}
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -134,79 +120,39 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 	if err := flush(); err != nil {
 		return
 	}
-	sub := newSubscriber()
-	log := d.log.With("session_id", sid, "sandbox_id", sbx)
-	for {
-		out, err := ag.ReadOutput(ctx, sid, after, 1<<20, d.Keepalive, sub)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			// The agent went away (paused, suspended, restored, deleted).
-			// Try to reach it again while the sandbox runs; otherwise end the
-			// stream without a terminal event: it is incomplete, and the
-			// client reconnects with Last-Event-ID.
-			ag, err = d.reacquire(ctx, sbx)
-			if err != nil {
-				log.Info("event stream ends: agent unavailable", "err", err)
-				return
-			}
-			continue
-		}
-		if out.Resync {
-			resumeAt := after
-			if len(out.Chunks) > 0 {
-				resumeAt = out.Chunks[0].Seq - 1
-			}
-			sse.jsonEvent(eventID(resumeAt), "resync_required", map[string]any{
+	err = d.cmds.Follow(ctx, sbx, sid, after, d.Keepalive, func(ev commands.Event) error {
+		switch {
+		case ev.Resync:
+			sse.jsonEvent(eventID(ev.ResumeAt), "resync_required", map[string]any{
 				"message": "output after the requested event is no longer retained; what follows is the retained output",
 			})
-		}
-		off := 0
-		for _, c := range out.Chunks {
-			sse.output(c.Seq, c.Stream, out.Data[off:off+c.Len])
-			off += c.Len
-			after = c.Seq
-		}
-		if out.Exited != nil {
-			ex := out.Exited
+		case ev.Exited != nil:
+			ex := ev.Exited
 			if ex.Error != nil {
 				sse.jsonEvent("", "error", map[string]any{"code": ex.Error.Code, "message": ex.Error.Message, "exit_code": ex.ExitCode})
 			} else {
-				ev := map[string]any{"exit_code": ex.ExitCode}
+				e := map[string]any{"exit_code": ex.ExitCode}
 				if ex.Signal != "" {
-					ev["signal"] = ex.Signal
+					e["signal"] = ex.Signal
 				}
-				sse.jsonEvent("", "process_exited", ev)
+				sse.jsonEvent("", "process_exited", e)
 			}
-			flush()
-			return
-		}
-		if len(out.Chunks) == 0 && !out.Resync {
+			return flush()
+		case ev.Quiet:
 			sse.ping()
+			return flush()
+		default:
+			sse.output(ev.Seq, ev.Stream, ev.Data)
 		}
-		if err := flush(); err != nil {
-			return
+		if ev.Flush {
+			return flush()
 		}
-	}
-}
-
-// reacquire waits briefly for a running sandbox's agent to answer again.
-func (d *DataPlane) reacquire(ctx context.Context, sbx string) (*agentclient.Client, error) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ag, _, err := d.cmds.Agents().Agent(ctx, sbx)
-		if err == nil {
-			return ag, nil
-		}
-		if errors.Is(err, errdefs.FailedPrecondition) || errors.Is(err, errdefs.NotFound) || time.Now().After(deadline) {
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		// The sandbox stopped running: the stream ends without a terminal
+		// event, and the client reconnects with Last-Event-ID after wake.
+		d.log.Info("event stream ends: agent unavailable", "session_id", sid, "sandbox_id", sbx, "err", err)
 	}
 }
 

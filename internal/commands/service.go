@@ -78,6 +78,11 @@ type CreateRequest struct {
 	Timeout string            `json:"timeout,omitempty"`
 	Stdin   bool              `json:"stdin,omitempty"`
 	PTY     *PTYRequest       `json:"pty"`
+	// User runs the command as this user of the sandbox (name or uid); ""
+	// is root. Without cwd it starts in the user's home.
+	User string `json:"user,omitempty"`
+	// Tag labels the process (the E2B layer's process tags).
+	Tag string `json:"-"`
 }
 
 // Attach says where and how to attach to a session.
@@ -102,6 +107,7 @@ type Process struct {
 	Cwd       string     `json:"cwd,omitempty"`
 	PTY       bool       `json:"pty"`
 	PID       int        `json:"pid,omitempty"`
+	User      string     `json:"user,omitempty"`
 	ExitCode  *int       `json:"exit_code"`
 	Signal    *string    `json:"signal"`
 	Error     *ErrorInfo `json:"error"`
@@ -118,7 +124,7 @@ type ErrorInfo struct {
 
 // FromAgent converts the agent's process status.
 func FromAgent(p proto.Process) Process {
-	out := Process{ID: p.ID, State: p.State, Command: p.Argv, Cwd: p.Cwd, PTY: p.PTY, PID: p.PID, ExitCode: p.ExitCode,
+	out := Process{ID: p.ID, State: p.State, Command: p.Argv, Cwd: p.Cwd, PTY: p.PTY, PID: p.PID, User: p.User, ExitCode: p.ExitCode,
 		StartedAt: p.StartedAt, ExitedAt: p.ExitedAt, CreatedAt: p.CreatedAt}
 	if p.Signal != "" {
 		sig := p.Signal
@@ -133,7 +139,10 @@ func FromAgent(p proto.Process) Process {
 	return out
 }
 
-var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+var (
+	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	userRE   = regexp.MustCompile(`^(?:[a-z_][a-z0-9_.\-]{0,31}\$?|[0-9]{1,10})$`)
+)
 
 // MaxTimeout bounds a command's timeout.
 const MaxTimeout = 24 * time.Hour
@@ -180,6 +189,12 @@ func (r *CreateRequest) validate() (time.Duration, error) {
 		}
 		timeout = d
 	}
+	if r.User != "" && !userRE.MatchString(r.User) {
+		return 0, bad("user", "must be a user name or uid, like \"user\" or \"1000\"")
+	}
+	if len(r.Tag) > 256 || strings.IndexByte(r.Tag, 0) >= 0 {
+		return 0, bad("tag", "at most 256 bytes, without NUL")
+	}
 	if r.PTY != nil && (r.PTY.Cols == 0 || r.PTY.Rows == 0) {
 		return 0, bad("pty", "cols and rows must be positive")
 	}
@@ -204,7 +219,8 @@ func (s *Service) Create(ctx context.Context, sandboxID string, req CreateReques
 	for k, v := range req.Env {
 		env[k] = v
 	}
-	spec := proto.ProcessSpec{ID: ids.New(ids.Process), Argv: req.Command, Env: env, Cwd: req.Cwd, Timeout: timeout, Stdin: req.Stdin}
+	spec := proto.ProcessSpec{ID: ids.New(ids.Process), Argv: req.Command, Env: env, Cwd: req.Cwd, Timeout: timeout, Stdin: req.Stdin,
+		User: req.User, Tag: req.Tag}
 	if req.PTY != nil {
 		spec.PTY = &proto.PTY{Cols: req.PTY.Cols, Rows: req.PTY.Rows}
 	}

@@ -21,11 +21,13 @@ type Serve struct {
 	// DataPlaneURL is the data plane's URL as clients reach it; empty means
 	// derived from DataPlaneAddr.
 	DataPlaneURL string
-	TLSCert      string
-	TLSKey       string
-	Runtime      string // auto, vm, gvisor (and fake in test builds)
-	LogFormat    string // auto, text, json
-	LogLevel     string // debug, info, warn, error
+	// ECWAddr is the E2B-compatible layer's listen address ("" = off).
+	ECWAddr   string
+	TLSCert   string
+	TLSKey    string
+	Runtime   string // auto, vm, gvisor (and fake in test builds)
+	LogFormat string // auto, text, json
+	LogLevel  string // debug, info, warn, error
 	// ShutdownGrace bounds how long a graceful shutdown waits for requests
 	// and operations in flight.
 	ShutdownGrace time.Duration
@@ -65,6 +67,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.DataDir, "data-dir", "/var/lib/space", "directory for the database, templates, snapshots and the first API token")
 	str(&s.APIAddr, "api-addr", "127.0.0.1:8080", "control-plane listen address")
 	str(&s.DataPlaneAddr, "data-plane-addr", "127.0.0.1:8090", "data-plane (command streams) listen address")
+	str(&s.ECWAddr, "ecw-addr", "127.0.0.1:3000", "E2B-compatible API listen address (E2B REST + envd); empty turns it off")
 	str(&s.DataPlaneURL, "data-plane-url", "", "data-plane URL as clients reach it, put in attach URLs (default: from --data-plane-addr)")
 	str(&s.TLSCert, "tls-cert", "", "TLS certificate file (required to listen beyond loopback)")
 	str(&s.TLSKey, "tls-key", "", "TLS private key file")
@@ -109,7 +112,11 @@ func (s *Serve) Validate() error {
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key must be given together"))
 	}
-	for name, addr := range map[string]string{"--api-addr": s.APIAddr, "--data-plane-addr": s.DataPlaneAddr} {
+	addrs := map[string]string{"--api-addr": s.APIAddr, "--data-plane-addr": s.DataPlaneAddr}
+	if s.ECWAddr != "" {
+		addrs["--ecw-addr"] = s.ECWAddr
+	}
+	for name, addr := range addrs {
 		loop, err := Loopback(addr)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))

@@ -98,6 +98,8 @@ type Engine struct {
 	mu      sync.Mutex      // guards running and started
 	running map[string]bool // operation ids being executed by this process
 	started bool
+	// finished is closed (and replaced) whenever an operation finishes.
+	finished chan struct{}
 
 	activity *activity
 	poolKick chan struct{}
@@ -125,7 +127,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, store: cfg.Store, log: cfg.Logger, now: cfg.Now,
-		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, activity: newActivity(), poolKick: make(chan struct{}, 1),
+		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, activity: newActivity(), poolKick: make(chan struct{}, 1), finished: make(chan struct{}),
 	}
 	if cfg.DefaultAutoLifecycle == (sandbox.AutoLifecycle{}) {
 		e.cfg.DefaultAutoLifecycle = DefaultAutoLifecycle
@@ -287,7 +289,8 @@ func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, rend
 			op.State, op.CompletedAt = sandbox.OpSucceeded, &now
 			return nil
 		}
-		sb.State, sb.ActiveOperation, sb.UpdatedAt = tr.Through, op.ID, now
+		sb.SetState(tr.Through, now)
+		sb.ActiveOperation = op.ID
 		return nil
 	}
 	_, err := e.store.BeginOperation(ctx, op, func(sb *sandbox.Sandbox, o *sandbox.Operation) (*store.Completion, error) {

@@ -93,6 +93,7 @@ func (e *Engine) runIdle(interval time.Duration) {
 func (e *Engine) idleSweep(ctx context.Context) {
 	now := e.now()
 	e.flushActivity(ctx)
+	e.expireSweep(ctx, now)
 	eachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
 		if sb.Pool != "" || sb.ActiveOperation != "" || sb.AutoLifecycle.IdleAction == "" || sb.AutoLifecycle.IdleAction == "none" {
 			return

@@ -95,7 +95,8 @@ func (e *Engine) claim(ctx context.Context, req CreateRequest, tpl sandbox.Templ
 	now := e.now()
 	sb, op, err := e.store.ClaimPoolSandbox(ctx, poolKey(rt, tpl.Digest, *req.Resources), func(sb *sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error) {
 		sb.Template, sb.Env, sb.Metadata, sb.AutoLifecycle = tpl, req.Env, req.Metadata, *req.AutoLifecycle
-		sb.CreatedAt, sb.UpdatedAt, sb.LastActiveAt = now, now, now
+		sb.CreatedAt, sb.LastActiveAt, sb.ExpiresAt = now, now, nil
+		sb.SetState(sandbox.Running, now) // its timeout starts now
 		op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpSucceeded,
 			CreatedAt: now, UpdatedAt: now, CompletedAt: &now}
 		c := *sb

@@ -38,6 +38,9 @@ var DefaultResources = sandbox.Resources{VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048
 // names none.
 var DefaultAutoLifecycle = sandbox.AutoLifecycle{IdleTimeout: "10m", IdleAction: "none"}
 
+// MaxTimeout bounds a sandbox's timeout.
+const MaxTimeout = 30 * 24 * time.Hour
+
 // DefaultTemplate is the template a create uses when it names none.
 const DefaultTemplate = "seed:latest"
 
@@ -129,6 +132,28 @@ func (r *CreateRequest) normalize(l Limits, defaultAL sandbox.AutoLifecycle) err
 		if r.AutoLifecycle.IdleAction != "" {
 			al.IdleAction = r.AutoLifecycle.IdleAction
 		}
+		if r.AutoLifecycle.Timeout != "" {
+			al.Timeout = r.AutoLifecycle.Timeout
+		}
+		if r.AutoLifecycle.TimeoutAction != "" {
+			al.TimeoutAction = r.AutoLifecycle.TimeoutAction
+		}
+	}
+	if al.Timeout != "" {
+		if d, err := time.ParseDuration(al.Timeout); err != nil || d < 0 || d > MaxTimeout {
+			return bad("auto_lifecycle.timeout", "must be a duration between 0s (none) and 720h, like \"5m\"")
+		} else if d == 0 {
+			al.Timeout = ""
+		}
+	}
+	switch al.TimeoutAction {
+	case "":
+		if al.Timeout != "" {
+			al.TimeoutAction = "delete"
+		}
+	case "delete", "suspend":
+	default:
+		return bad("auto_lifecycle.timeout_action", "must be delete or suspend")
 	}
 	d, err := time.ParseDuration(al.IdleTimeout)
 	if err != nil || d < time.Second || d > 30*24*time.Hour {

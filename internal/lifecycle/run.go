@@ -194,6 +194,7 @@ func (e *Engine) finish(log interface{ Error(string, ...any) }, op sandbox.Opera
 		return
 	}
 	op.State = state
+	e.notifyFinished()
 	e.observe(op, time.Since(start))
 	if op.SandboxID == "" {
 		e.log.Info("operation finished", "operation_id", op.ID, "kind", op.Kind, "template", op.Template, "state", state, "duration", time.Since(start))

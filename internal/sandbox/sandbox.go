@@ -44,10 +44,24 @@ type Resources struct {
 	DiskMiB   int `json:"disk_mib"`
 }
 
-// AutoLifecycle is the idle policy of a sandbox.
+// AutoLifecycle is the idle policy and the timeout of a sandbox.
 type AutoLifecycle struct {
 	IdleTimeout string `json:"idle_timeout"`
 	IdleAction  string `json:"idle_action"`
+	// Timeout bounds each stretch of running time: when a sandbox has run
+	// this long since it last became running, TimeoutAction (delete or
+	// suspend) runs. "" or "0s": no timeout.
+	Timeout       string `json:"timeout,omitempty"`
+	TimeoutAction string `json:"timeout_action,omitempty"`
+}
+
+// TimeoutDuration is the parsed Timeout (0 for none).
+func (a AutoLifecycle) TimeoutDuration() time.Duration {
+	d, err := time.ParseDuration(a.Timeout)
+	if err != nil || d < 0 {
+		return 0
+	}
+	return d
 }
 
 // TemplateRef is the template a sandbox was created from: the reference the
@@ -76,7 +90,10 @@ type Sandbox struct {
 	CreatedAt     time.Time         `json:"created_at"`
 	UpdatedAt     time.Time         `json:"updated_at"`
 	LastActiveAt  time.Time         `json:"last_active_at"`
-	Error         *ErrorInfo        `json:"error"`
+	// ExpiresAt is when a running sandbox's timeout action runs (nil without
+	// a timeout or when it is not running).
+	ExpiresAt *time.Time `json:"expires_at"`
+	Error     *ErrorInfo `json:"error"`
 
 	// ActiveOperation is the id of the lifecycle operation in flight, if any.
 	// At most one is in flight per sandbox.
@@ -131,4 +148,23 @@ type Operation struct {
 	// returns the sandbox to it when the runtime reports the change did not
 	// happen.
 	From State `json:"-"`
+}
+
+// SetState moves sb to state at `at` and keeps its deadline true: a sandbox
+// that becomes running has until at + timeout (a later deadline, set by an
+// extension, stays); one that is not running has none. Paused and suspended
+// time therefore never counts against the timeout.
+func (sb *Sandbox) SetState(state State, at time.Time) {
+	was := sb.State
+	sb.State, sb.UpdatedAt = state, at
+	switch {
+	case state != Running:
+		sb.ExpiresAt = nil
+	case was != Running || sb.ExpiresAt == nil:
+		sb.ExpiresAt = nil
+		if d := sb.AutoLifecycle.TimeoutDuration(); d > 0 {
+			t := at.Add(d)
+			sb.ExpiresAt = &t
+		}
+	}
 }

@@ -67,6 +67,10 @@ type ProcessSpec struct {
 	PTY     *PTY              `json:"pty,omitempty"`
 	// Tag is opaque to the agent (the host stores the session's owner).
 	Tag string `json:"tag,omitempty"`
+	// User runs the process as this user of the sandbox (name or uid; ""
+	// is the agent's own user, root): its uid, gid and groups, with HOME,
+	// USER and LOGNAME set and, without Cwd, its home as working directory.
+	User string `json:"user,omitempty"`
 }
 
 // ProcessRef names a process.
@@ -91,6 +95,7 @@ type Process struct {
 	PID       int               `json:"pid,omitempty"`
 	PTY       bool              `json:"pty"`
 	Tag       string            `json:"tag,omitempty"`
+	User      string            `json:"user,omitempty"`
 	ExitCode  *int              `json:"exit_code,omitempty"`
 	Signal    string            `json:"signal,omitempty"`
 	Error     *Error            `json:"error,omitempty"` // why it failed (timeout, missing executable, …)
@@ -163,6 +168,10 @@ type Entry struct {
 	Mode    string    `json:"mode"` // octal permission bits, e.g. "0644"
 	ModTime time.Time `json:"mtime"`
 	Target  string    `json:"symlink_target,omitempty"`
+	UID     int       `json:"uid"`
+	GID     int       `json:"gid"`
+	Owner   string    `json:"owner,omitempty"` // user name of UID in the sandbox
+	Group   string    `json:"group,omitempty"` // group name of GID in the sandbox
 }
 
 // EntryList lists entries.
@@ -200,6 +209,9 @@ type ReadFileResult struct {
 type WriteBegin struct {
 	Path string `json:"path"`
 	Mode uint32 `json:"mode"` // permission bits; 0 means 0644
+	// User owns the file and the directories the write creates (name or
+	// uid; "" leaves them to the agent's user).
+	User string `json:"user,omitempty"`
 }
 
 // WriteHandle names a write in progress.
@@ -222,7 +234,8 @@ type RemoveRequest struct {
 // MkdirRequest makes a directory (and its parents).
 type MkdirRequest struct {
 	Path string `json:"path"`
-	Mode uint32 `json:"mode"` // 0 means 0755
+	Mode uint32 `json:"mode"`           // 0 means 0755
+	User string `json:"user,omitempty"` // owns the directories made (see WriteBegin)
 }
 
 // MoveRequest renames a path.

@@ -423,7 +423,8 @@ func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
 		if sb.ActiveOperation == op.ID {
 			sb.ActiveOperation = ""
 		}
-		sb.State, sb.Error, sb.UpdatedAt = f.SandboxState, f.SandboxError, at
+		sb.SetState(f.SandboxState, at)
+		sb.Error = f.SandboxError
 		return updateSandbox(ctx, tx, sb)
 	})
 }

@@ -1,0 +1,125 @@
+package commands
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// Event is one step of a followed process: a chunk of output, a resync
+// notice, the process's exit, or a quiet spell (nothing came in the wait).
+type Event struct {
+	// Chunk: Seq, Stream (proto.Stdout, proto.Stderr) and Data.
+	Seq    uint64
+	Stream string
+	Data   []byte
+	// Flush marks the last event of what the agent had ready: a good point
+	// to flush buffered writes.
+	Flush bool
+	// Resync: output after the requested point is no longer retained; what
+	// follows is the retained output, which starts after ResumeAt.
+	Resync   bool
+	ResumeAt uint64
+	// Exited: the process is gone and every chunk was delivered.
+	Exited *proto.Process
+	// Quiet: nothing happened during the wait; a keepalive is due.
+	Quiet bool
+}
+
+// FollowAll, as the after of Follow, asks for no chunk: the agent answers
+// with a resync and the retained output.
+const FollowAll = math.MaxUint64
+
+// Follow streams a started process's output after chunk `after` to emit,
+// waiting up to wait for each step, until the process has exited (the last
+// event has Exited set; Follow then returns nil). The agent's window never
+// evicts output this reader has not read. When the sandbox stops running
+// (pause, suspend, delete) Follow returns an error: the stream is
+// incomplete and the caller resumes later from the last Seq it saw. Follow
+// keeps the sandbox awake while it runs.
+func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after uint64, wait time.Duration, emit func(Event) error) error {
+	ag, _, err := s.cfg.Agents.Agent(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	release := s.cfg.Agents.Attached(sandboxID)
+	defer release()
+	sub := newSubscriber()
+	for {
+		out, err := ag.ReadOutput(ctx, processID, after, 1<<20, wait, sub)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var pe *proto.Error
+			if errors.As(err, &pe) {
+				return AgentError("read output", err)
+			}
+			// The agent went away (paused, suspended, restored, deleted).
+			// Reach it again while the sandbox runs; otherwise the stream is
+			// incomplete.
+			if ag, err = s.reacquire(ctx, sandboxID); err != nil {
+				return err
+			}
+			continue
+		}
+		if out.Resync {
+			ev := Event{Resync: true, ResumeAt: after, Flush: len(out.Chunks) == 0}
+			if len(out.Chunks) > 0 {
+				ev.ResumeAt = out.Chunks[0].Seq - 1
+			}
+			if err := emit(ev); err != nil {
+				return err
+			}
+		}
+		off := 0
+		for i, c := range out.Chunks {
+			last := i == len(out.Chunks)-1 && out.Exited == nil
+			if err := emit(Event{Seq: c.Seq, Stream: c.Stream, Data: out.Data[off : off+c.Len], Flush: last}); err != nil {
+				return err
+			}
+			off += c.Len
+			after = c.Seq
+		}
+		if out.Exited != nil {
+			return emit(Event{Exited: out.Exited})
+		}
+		if len(out.Chunks) == 0 && !out.Resync {
+			if err := emit(Event{Quiet: true}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// reacquire waits briefly for a running sandbox's agent to answer again.
+func (s *Service) reacquire(ctx context.Context, sandboxID string) (*agentclient.Client, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ag, _, err := s.cfg.Agents.Agent(ctx, sandboxID)
+		if err == nil {
+			return ag, nil
+		}
+		if errors.Is(err, errdefs.FailedPrecondition) || errors.Is(err, errdefs.NotFound) || time.Now().After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func newSubscriber() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
