@@ -7,6 +7,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # In CI a runtime that cannot run fails its tests instead of skipping them.
 ifneq ($(CI),)
 export SPACE_REQUIRE_GVISOR ?= 1
+export SPACE_REQUIRE_E2B_SDK ?= 1
 endif
 
 .PHONY: deps build serve test test-go fuzz-smoke vet

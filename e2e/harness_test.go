@@ -76,6 +76,7 @@ type server struct {
 	dataDir string
 	apiAddr string
 	dpAddr  string
+	ecwAddr string // the E2B-compatible layer
 	env     []string
 	args    []string
 	token   string
@@ -120,7 +121,7 @@ func startServer(t *testing.T, o serverOpts) *server {
 	if o.dataDir == "" {
 		o.dataDir = t.TempDir()
 	}
-	s := &server{t: t, bin: o.bin, dataDir: o.dataDir, apiAddr: freeAddr(t), dpAddr: freeAddr(t), env: o.env, args: o.args, template: o.template}
+	s := &server{t: t, bin: o.bin, dataDir: o.dataDir, apiAddr: freeAddr(t), dpAddr: freeAddr(t), ecwAddr: freeAddr(t), env: o.env, args: o.args, template: o.template}
 	s.start()
 	t.Cleanup(s.stop)
 	b, err := os.ReadFile(filepath.Join(s.dataDir, "api-token"))
@@ -133,7 +134,7 @@ func startServer(t *testing.T, o serverOpts) *server {
 
 func (s *server) start() {
 	s.t.Helper()
-	args := append([]string{"serve", "--data-dir", s.dataDir, "--api-addr", s.apiAddr, "--data-plane-addr", s.dpAddr, "--log-format", "json", "--shutdown-grace", "5s"}, s.args...)
+	args := append([]string{"serve", "--data-dir", s.dataDir, "--api-addr", s.apiAddr, "--data-plane-addr", s.dpAddr, "--ecw-addr", s.ecwAddr, "--log-format", "json", "--shutdown-grace", "5s"}, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Env = append(os.Environ(), s.env...)
 	lw := &lockedWriter{w: &s.logs, mu: &s.logMu}

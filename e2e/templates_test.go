@@ -55,6 +55,15 @@ func TestSeedTemplate(t *testing.T) {
 	if *tr.exitCode != 0 || !strings.Contains(string(tr.stdout), "uid=1000(user)") {
 		t.Fatalf("user and curl: %q %q", tr.stdout, tr.stderr)
 	}
+	// A command as the template's user: its ids, home and working directory.
+	tr, _ = s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "id -un; id -u; pwd; echo $HOME $USER"}, "user": "user"})
+	if string(tr.stdout) != "user\n1000\n/home/user\n/home/user user\n" || *tr.exitCode != 0 {
+		t.Fatalf("command as user: %q %q", tr.stdout, tr.stderr)
+	}
+	tr, _ = s.runCommand(sbx, map[string]any{"command": []string{"true"}, "user": "nobody-here"})
+	if !tr.complete || tr.errCode != "user_not_found" {
+		t.Fatalf("unknown user: %+v", tr)
+	}
 	// A spec on seed: a failing package install fails the build clearly and
 	// leaves no template; a real package installs.
 	op, r := s.postTemplate("application/json", "", []byte(`{"name":"broken-pkgs","base":"seed:latest","packages":["space-no-such-package"]}`))

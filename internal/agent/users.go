@@ -69,6 +69,9 @@ func (a *Agent) lookupUser(name string) (account, error) {
 		}
 	})
 	if !found {
+		if name == "root" {
+			return account{name: "root", home: "/root"}, nil
+		}
 		if numeric {
 			return account{name: name, uid: uid, gid: uid, home: "/"}, nil
 		}

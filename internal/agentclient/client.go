@@ -360,3 +360,55 @@ func (c *Client) Move(ctx context.Context, from, to string) (proto.Entry, error)
 	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileMove, proto.MoveRequest{From: from, To: to}, nil)
 	return e, err
 }
+
+// FileReader streams a sandbox file in chunks; it yields exactly Size bytes
+// (the size when it was opened), even if the file changes meanwhile, and
+// fails rather than end short.
+type FileReader struct {
+	Size  int64
+	c     *Client
+	ctx   context.Context
+	path  string
+	buf   []byte
+	sent  int64
+	eof   bool
+	chunk int
+}
+
+// OpenFile reads a file's first chunk and returns a reader for all of it.
+func (c *Client) OpenFile(ctx context.Context, path string, chunk int) (*FileReader, error) {
+	res, data, err := c.ReadFile(ctx, path, 0, chunk)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > res.Size {
+		data = data[:res.Size]
+	}
+	return &FileReader{Size: res.Size, c: c, ctx: ctx, path: path, buf: data, eof: res.EOF, chunk: chunk}, nil
+}
+
+func (f *FileReader) Read(p []byte) (int, error) {
+	if f.sent >= f.Size {
+		return 0, io.EOF
+	}
+	if len(f.buf) == 0 {
+		if f.eof {
+			return 0, fmt.Errorf("read %s: the file shrank while it was read", f.path)
+		}
+		res, data, err := f.c.ReadFile(f.ctx, f.path, f.sent, f.chunk)
+		if err != nil {
+			return 0, err
+		}
+		if len(data) == 0 {
+			return 0, fmt.Errorf("read %s: the file shrank while it was read", f.path)
+		}
+		f.buf, f.eof = data, res.EOF
+	}
+	if rest := f.Size - f.sent; int64(len(f.buf)) > rest {
+		f.buf = f.buf[:rest]
+	}
+	n := copy(p, f.buf)
+	f.buf = f.buf[n:]
+	f.sent += int64(n)
+	return n, nil
+}

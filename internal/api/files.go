@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"path"
@@ -72,38 +73,22 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
 		s.fail(w, r, err)
 		return
 	}
-	res, data, err := ag.ReadFile(r.Context(), name, 0, fileChunk)
+	f, err := ag.OpenFile(r.Context(), name, fileChunk)
 	if err != nil {
 		s.fail(w, r, commands.AgentError("read file", err))
 		return
 	}
-	size := res.Size
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.Header().Set("Content-Length", strconv.FormatInt(f.Size, 10))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
 	}
-	// Stream in chunks: the server never holds more than one in memory.
-	// Exactly size bytes are sent, even if the file changes meanwhile.
-	var sent int64
-	for {
-		if int64(len(data)) > size-sent {
-			data = data[:size-sent]
-		}
-		if _, err := w.Write(data); err != nil {
-			return
-		}
-		sent += int64(len(data))
-		if res.EOF || sent >= size {
-			return
-		}
-		res, data, err = ag.ReadFile(r.Context(), name, sent, fileChunk)
-		if err != nil || len(data) == 0 {
-			s.log.Warn("file read ended early", "sandbox_id", p["id"], "path", name, "sent", sent, "size", size, "err", err)
-			panic(http.ErrAbortHandler) // the client sees a truncated body, never a short "success"
-		}
+	// Streamed in chunks: the server never holds more than one in memory.
+	if n, err := io.Copy(w, f); err != nil && n < f.Size {
+		s.log.Warn("file read ended early", "sandbox_id", p["id"], "path", name, "sent", n, "size", f.Size, "err", err)
+		panic(http.ErrAbortHandler) // the client sees a truncated body, never a short "success"
 	}
 }
 

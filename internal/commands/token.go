@@ -111,3 +111,22 @@ func (s *Signer) Verify(token, session string) (Claims, error) {
 	}
 	return c, nil
 }
+
+// SandboxAccessPrefix starts a sandbox access token.
+const SandboxAccessPrefix = "spsa_"
+
+// SandboxAccessToken is the token that grants a sandbox's whole in-sandbox
+// API (the E2B layer's envdAccessToken): an HMAC of the sandbox id under the
+// signer's key, so it needs no storage and lives as long as the sandbox.
+func (s *Signer) SandboxAccessToken(sandboxID string) string {
+	return SandboxAccessPrefix + base64.RawURLEncoding.EncodeToString(s.mac("sandbox-access\x00"+sandboxID))
+}
+
+// VerifySandboxAccess checks a sandbox access token in constant time.
+func (s *Signer) VerifySandboxAccess(token, sandboxID string) error {
+	want := s.SandboxAccessToken(sandboxID)
+	if len(token) > 256 || !hmac.Equal([]byte(token), []byte(want)) {
+		return errdefs.New(errdefs.Unauthenticated, "missing or invalid sandbox access token")
+	}
+	return nil
+}

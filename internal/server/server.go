@@ -24,6 +24,7 @@ import (
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/config"
+	"github.com/spacesandbox/space/internal/ecw"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -165,6 +166,18 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		newHTTPServer(dataSrv, log),
 	}
 	lns := []net.Listener{apiLn, dataLn}
+	ecwAddr := ""
+	if cfg.ECWAddr != "" {
+		ln, err := net.Listen("tcp", cfg.ECWAddr)
+		if err != nil {
+			apiLn.Close()
+			dataLn.Close()
+			return fmt.Errorf("listen on %s (--ecw-addr; empty turns the E2B layer off): %w", cfg.ECWAddr, err)
+		}
+		ecwAddr = ln.Addr().String()
+		servers = append(servers, newHTTPServer(ecw.New(ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log}), log))
+		lns = append(lns, ln)
+	}
 	errc := make(chan error, len(servers))
 	var wg sync.WaitGroup
 	for i, srv := range servers {
@@ -182,7 +195,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 			}
 		}()
 	}
-	log.Info("serving", "api_addr", apiLn.Addr().String(), "data_plane_addr", dataLn.Addr().String(), "tls", cfg.TLS(), "data_dir", cfg.DataDir)
+	log.Info("serving", "api_addr", apiLn.Addr().String(), "data_plane_addr", dataLn.Addr().String(), "ecw_addr", ecwAddr, "tls", cfg.TLS(), "data_dir", cfg.DataDir)
 	if ready != nil {
 		ready(apiLn.Addr(), dataLn.Addr())
 	}

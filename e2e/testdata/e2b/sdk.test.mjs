@@ -1,0 +1,158 @@
+// The unmodified E2B SDK (pinned in package.json) against SPACE's
+// E2B-compatible layer. Run by e2e/e2b_test.go with E2B_API_URL,
+// E2B_SANDBOX_URL and E2B_API_KEY pointing at a real `space serve`.
+// Every step asserts; the last line printed is "ALL OK".
+import assert from 'node:assert/strict'
+import { Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError } from 'e2b'
+
+const step = (name) => console.log('ok -', name)
+const notFound = (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError
+
+const sbx = await Sandbox.create({ timeoutMs: 180_000, metadata: { suite: 'e2e-sdk' }, envs: { GLOBAL: 'g' } })
+assert.match(sbx.sandboxId, /^sbx_/)
+step('create')
+
+// commands.run: stdout, stderr, exit code
+let r = await sbx.commands.run('echo hello; echo oops >&2')
+assert.equal(r.exitCode, 0)
+assert.equal(r.stdout, 'hello\n')
+assert.equal(r.stderr, 'oops\n')
+await assert.rejects(sbx.commands.run('echo partial; exit 3'), (e) => {
+  assert.ok(e instanceof CommandExitError, `want CommandExitError, got ${e}`)
+  assert.equal(e.exitCode, 3)
+  assert.equal(e.stdout, 'partial\n')
+  return true
+})
+step('commands.run and CommandExitError')
+
+// envs, cwd, the default user and its home
+r = await sbx.commands.run('echo "$FOO $GLOBAL"; pwd; whoami', { envs: { FOO: 'bar' }, cwd: '/tmp' })
+assert.equal(r.stdout, 'bar g\n/tmp\nuser\n')
+r = await sbx.commands.run('pwd; echo $HOME')
+assert.equal(r.stdout, '/home/user\n/home/user\n')
+r = await sbx.commands.run('whoami', { user: 'root' })
+assert.equal(r.stdout, 'root\n')
+let streamed = ''
+r = await sbx.commands.run('for i in 1 2 3; do echo line-$i; sleep 0.05; done', { onStdout: (d) => { streamed += d } })
+assert.equal(streamed, 'line-1\nline-2\nline-3\n')
+step('envs, cwd, user, streaming callbacks')
+
+// A background command: listed, then killed
+const bg = await sbx.commands.run('sleep 120', { background: true })
+assert.ok(bg.pid > 0)
+let procs = await sbx.commands.list()
+assert.ok(procs.some((p) => p.pid === bg.pid && p.args.includes('sleep 120')), JSON.stringify(procs))
+assert.equal(await sbx.commands.kill(bg.pid), true)
+await assert.rejects(bg.wait(), (e) => e instanceof CommandExitError)
+procs = await sbx.commands.list()
+assert.ok(!procs.some((p) => p.pid === bg.pid))
+assert.equal(await sbx.commands.kill(999999), false)
+step('background command listed and killed')
+
+// stdin
+const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+await sbx.commands.sendStdin(cat.pid, 'piped\n')
+await sbx.commands.closeStdin(cat.pid)
+const catOut = await cat.wait()
+assert.equal(catOut.stdout, 'piped\n')
+step('stdin')
+
+// files: text and binary, multipart and octet-stream, gzip, several at once
+const info = await sbx.files.write('/home/user/dir/a.txt', 'text content')
+assert.equal(info.path, '/home/user/dir/a.txt')
+assert.equal(await sbx.files.read('/home/user/dir/a.txt'), 'text content')
+const bin = new Uint8Array(300 * 1024)
+for (let i = 0; i < bin.length; i++) bin[i] = (i * 7 + (i >> 9)) & 255
+await sbx.files.write('/home/user/bin-multipart', bin)
+assert.deepEqual(await sbx.files.read('/home/user/bin-multipart', { format: 'bytes' }), bin)
+await sbx.files.write('/home/user/bin-octet', bin, { useOctetStream: true })
+assert.deepEqual(await sbx.files.read('/home/user/bin-octet', { format: 'bytes' }), bin)
+await sbx.files.write('/home/user/bin-gzip', bin, { gzip: true })
+assert.deepEqual(await sbx.files.read('/home/user/bin-gzip', { format: 'bytes' }), bin)
+const many = await sbx.files.write([
+  { path: '/home/user/many/one.txt', data: 'one' },
+  { path: '/home/user/many/two.txt', data: 'two' },
+])
+assert.deepEqual(many.map((e) => e.path).sort(), ['/home/user/many/one.txt', '/home/user/many/two.txt'])
+assert.equal(await sbx.files.read('/home/user/many/two.txt'), 'two')
+await sbx.files.write('relative.txt', 'rel')
+assert.equal(await sbx.files.read('/home/user/relative.txt'), 'rel')
+r = await sbx.commands.run('stat -c %U /home/user/dir/a.txt /home/user/dir; cat /home/user/dir/a.txt')
+assert.equal(r.stdout, 'user\nuser\ntext content')
+await assert.rejects(sbx.files.read('/home/user/missing.txt'), (e) => notFound(e))
+step('files write/read: text, binary, multipart, octet-stream, gzip, several, relative')
+
+// files: list, stat, mkdir, rename, remove
+const listed = await sbx.files.list('/home/user/dir')
+assert.deepEqual(listed.map((e) => [e.name, e.type]), [['a.txt', 'file']])
+assert.equal(await sbx.files.exists('/home/user/dir/a.txt'), true)
+assert.equal(await sbx.files.exists('/home/user/dir/nope'), false)
+const st = await sbx.files.getInfo('/home/user/dir/a.txt')
+assert.equal(st.size, 12)
+assert.equal(st.owner, 'user')
+assert.equal(await sbx.files.makeDir('/home/user/newdir'), true)
+assert.equal(await sbx.files.makeDir('/home/user/newdir'), false)
+await sbx.files.rename('/home/user/dir/a.txt', '/home/user/newdir/b.txt')
+assert.equal(await sbx.files.read('/home/user/newdir/b.txt'), 'text content')
+await sbx.files.remove('/home/user/newdir')
+assert.equal(await sbx.files.exists('/home/user/newdir'), false)
+step('files list, stat, makeDir, rename, remove')
+
+// pause (a SPACE suspend), state in getInfo and list filters
+const keeper = await sbx.commands.run('sleep 300', { background: true })
+await keeper.disconnect()
+assert.equal(await sbx.pause(), true)
+assert.equal(await sbx.pause(), false)
+let got = await Sandbox.getInfo(sbx.sandboxId)
+assert.equal(got.state, 'paused')
+assert.equal(got.metadata.suite, 'e2e-sdk')
+const ids = async (query) => {
+  const out = []
+  const pager = Sandbox.list({ query, limit: 100 })
+  while (pager.hasNext) out.push(...(await pager.nextItems()).map((s) => s.sandboxId))
+  return out
+}
+assert.ok((await ids({ state: ['paused'] })).includes(sbx.sandboxId))
+assert.ok(!(await ids({ state: ['running'] })).includes(sbx.sandboxId))
+assert.ok((await ids({ metadata: { suite: 'e2e-sdk' } })).includes(sbx.sandboxId))
+assert.ok(!(await ids({ metadata: { suite: 'other' } })).includes(sbx.sandboxId))
+step('pause, second pause false, paused in getInfo and list filters')
+
+// connect restores it: files and processes intact
+const again = await Sandbox.connect(sbx.sandboxId)
+got = await again.getInfo()
+assert.equal(got.state, 'running')
+assert.equal(await again.files.read('/home/user/many/one.txt'), 'one')
+procs = await again.commands.list()
+assert.ok(procs.some((p) => p.pid === keeper.pid), 'a process from before pause still runs')
+r = await again.commands.run('echo after resume')
+assert.equal(r.stdout, 'after resume\n')
+step('connect: files and commands intact')
+
+// setTimeout moves endAt
+await again.setTimeout(60_000)
+got = await again.getInfo()
+const left = got.endAt.getTime() - Date.now()
+assert.ok(left > 50_000 && left <= 61_000, `endAt in ${left} ms`)
+step('setTimeout')
+
+// kill, then NotFound
+await again.kill()
+await assert.rejects(Sandbox.getInfo(sbx.sandboxId), (e) => notFound(e))
+assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+step('kill, then NotFound')
+
+// Timeouts: kill on timeout, and pause (suspend) on timeout
+const short = await Sandbox.create({ timeoutMs: 2_000 })
+const shortPause = await Sandbox.create({ timeoutMs: 2_000, lifecycle: { onTimeout: 'pause' } })
+await shortPause.files.write('/home/user/kept.txt', 'kept')
+await new Promise((res) => setTimeout(res, 5_000))
+await assert.rejects(Sandbox.getInfo(short.sandboxId), (e) => notFound(e))
+got = await Sandbox.getInfo(shortPause.sandboxId)
+assert.equal(got.state, 'paused')
+const woken = await Sandbox.connect(shortPause.sandboxId, { timeoutMs: 60_000 })
+assert.equal(await woken.files.read('/home/user/kept.txt'), 'kept')
+await woken.kill()
+step('timeout kills; onTimeout pause suspends and connect restores')
+
+console.log('ALL OK')

@@ -1,0 +1,629 @@
+package ecw
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+func (s *Server) routeControl() {
+	m := s.control
+	h := func(pattern string, fn http.HandlerFunc) { m.Handle(pattern, s.authed(fn)) }
+	h("POST /sandboxes", s.create)
+	h("POST /v2/sandboxes", s.create)
+	h("GET /sandboxes", s.listV1)
+	h("GET /v2/sandboxes", s.listV2)
+	h("GET /sandboxes/{sandboxID}", s.get)
+	h("DELETE /sandboxes/{sandboxID}", s.kill)
+	h("POST /sandboxes/{sandboxID}/pause", s.pause)
+	h("POST /sandboxes/{sandboxID}/resume", s.resume)
+	h("POST /sandboxes/{sandboxID}/connect", s.connect)
+	h("POST /v2/sandboxes/{sandboxID}/connect", s.connect)
+	h("POST /sandboxes/{sandboxID}/timeout", s.setTimeout)
+	h("POST /sandboxes/{sandboxID}/refreshes", s.refresh)
+	h("GET /sandboxes/{sandboxID}/metrics", s.metrics)
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+}
+
+// authed checks the API key: X-API-KEY as the SDKs send it, or a bearer
+// token. The keys are SPACE API tokens.
+func (s *Server) authed(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-KEY")
+		if key == "" {
+			key, _ = auth.BearerToken(r.Header.Get("Authorization"))
+		}
+		if _, err := s.cfg.Tokens.Verify(r.Context(), key); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		next(w, r)
+	}
+}
+
+// newSandbox is the body of a create. Fields SPACE cannot honour are
+// accepted when unset and refused when set, never silently dropped.
+type newSandbox struct {
+	TemplateID          string                  `json:"templateID"`
+	Timeout             *int                    `json:"timeout"` // seconds
+	AutoPause           *bool                   `json:"autoPause"`
+	AutoPauseMemory     *bool                   `json:"autoPauseMemory"`
+	AutoResume          *struct{ Enabled bool } `json:"autoResume"`
+	Secure              *bool                   `json:"secure"`
+	AllowInternetAccess *bool                   `json:"allow_internet_access"`
+	Metadata            map[string]string       `json:"metadata"`
+	EnvVars             map[string]string       `json:"envVars"`
+	Network             any                     `json:"network"`
+	MCP                 any                     `json:"mcp"`
+	IAM                 any                     `json:"iam"`
+	VolumeMounts        []any                   `json:"volumeMounts"`
+}
+
+// sandboxInfo is E2B's Sandbox (create, connect, resume).
+type sandboxInfo struct {
+	TemplateID         string  `json:"templateID"`
+	SandboxID          string  `json:"sandboxID"`
+	Alias              *string `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    *string `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+// sandboxDetail is E2B's SandboxDetail and ListedSandbox.
+type sandboxDetail struct {
+	TemplateID      string            `json:"templateID"`
+	Alias           *string           `json:"alias,omitempty"`
+	SandboxID       string            `json:"sandboxID"`
+	ClientID        string            `json:"clientID"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken *string           `json:"envdAccessToken,omitempty"`
+	Domain          *string           `json:"domain"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+	DiskSizeMB      int               `json:"diskSizeMB"`
+	Metadata        map[string]string `json:"metadata"`
+	State           string            `json:"state"`
+	Lifecycle       lifecycleInfo     `json:"lifecycle"`
+	VolumeMounts    []any             `json:"volumeMounts"`
+}
+
+type lifecycleInfo struct {
+	OnTimeout  string `json:"onTimeout"` // kill or pause
+	AutoResume bool   `json:"autoResume"`
+}
+
+const clientID = "space"
+
+// e2bState is how E2B sees a SPACE state: suspended (and the in-memory pause)
+// is "paused"; a sandbox on its way somewhere is where it is going.
+func e2bState(st sandbox.State) string {
+	switch st {
+	case sandbox.Running, sandbox.Starting, sandbox.Resuming, sandbox.Restoring:
+		return "running"
+	case sandbox.Paused, sandbox.Pausing, sandbox.Suspended, sandbox.Suspending:
+		return "paused"
+	}
+	return string(st)
+}
+
+func (s *Server) info(sb *sandbox.Sandbox) sandboxInfo {
+	tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID)
+	return sandboxInfo{TemplateID: sb.Template.Ref, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: &tok}
+}
+
+func (s *Server) detail(sb *sandbox.Sandbox, withToken bool) sandboxDetail {
+	d := sandboxDetail{
+		TemplateID: sb.Template.Ref, SandboxID: sb.ID, ClientID: clientID, StartedAt: sb.CreatedAt, EndAt: sb.UpdatedAt,
+		EnvdVersion: EnvdVersion, CPUCount: sb.Resources.VCPUs, MemoryMB: sb.Resources.MemoryMiB, DiskSizeMB: sb.Resources.DiskMiB,
+		Metadata: sb.Metadata, State: e2bState(sb.State), VolumeMounts: []any{},
+		Lifecycle: lifecycleInfo{OnTimeout: "kill"},
+	}
+	if sb.ExpiresAt != nil {
+		d.EndAt = *sb.ExpiresAt
+	}
+	if sb.AutoLifecycle.TimeoutAction == "suspend" {
+		d.Lifecycle.OnTimeout = "pause"
+	}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+	}
+	if withToken {
+		tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID)
+		d.EnvdAccessToken = &tok
+	}
+	return d
+}
+
+// templateRef maps an E2B template id to a SPACE template: "base" (the
+// SDKs' default) is the server's default template.
+func templateRef(id string) string {
+	if id == "" || id == "base" {
+		return lifecycle.DefaultTemplate
+	}
+	return id
+}
+
+func timeoutOf(seconds *int, def time.Duration) (time.Duration, error) {
+	if seconds == nil {
+		return def, nil
+	}
+	if *seconds < 1 || time.Duration(*seconds)*time.Second > lifecycle.MaxTimeout {
+		return 0, errdefs.New(errdefs.InvalidArgument, "timeout must be between 1 and %d seconds", int(lifecycle.MaxTimeout/time.Second))
+	}
+	return time.Duration(*seconds) * time.Second, nil
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req newSandbox
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	unsupported := func(field string) {
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "%s is not supported by SPACE", field))
+	}
+	switch {
+	case req.AllowInternetAccess != nil && *req.AllowInternetAccess:
+		unsupported("allow_internet_access (sandboxes have no network)")
+		return
+	case req.Network != nil:
+		unsupported("network")
+		return
+	case req.MCP != nil:
+		unsupported("mcp")
+		return
+	case req.IAM != nil:
+		unsupported("iam")
+		return
+	case len(req.VolumeMounts) > 0:
+		unsupported("volumeMounts")
+		return
+	case req.AutoResume != nil && req.AutoResume.Enabled:
+		unsupported("autoResume")
+		return
+	case req.AutoPauseMemory != nil && !*req.AutoPauseMemory:
+		unsupported("autoPauseMemory: false (a suspend always keeps memory)")
+		return
+	}
+	timeout, err := timeoutOf(req.Timeout, DefaultTimeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	action := "delete"
+	if req.AutoPause != nil && *req.AutoPause {
+		action = "suspend"
+	}
+	creq := lifecycle.CreateRequest{
+		Template: templateRef(req.TemplateID), Env: req.EnvVars, Metadata: req.Metadata,
+		AutoLifecycle: &sandbox.AutoLifecycle{Timeout: timeout.String(), TimeoutAction: action},
+	}
+	sb, op, err := s.cfg.Engine.Create(r.Context(), creq, nil)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.await(r.Context(), op); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.log.Info("E2B sandbox created", "sandbox_id", sb.ID, "operation_id", op.ID)
+	writeJSON(w, http.StatusCreated, s.info(sb))
+}
+
+// await waits for an operation and turns its failure into an error.
+func (s *Server) await(ctx context.Context, op *sandbox.Operation) error {
+	if op.State.Terminal() {
+		return opError(op)
+	}
+	done, err := s.cfg.Engine.WaitOperation(ctx, op.ID)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "operation %s did not finish while the request waited; it goes on", op.ID)
+	}
+	return opError(done)
+}
+
+func opError(op *sandbox.Operation) error {
+	if op.State == sandbox.OpSucceeded {
+		return nil
+	}
+	if op.Error == nil {
+		return errdefs.New(errdefs.Internal, "%s failed", op.Kind)
+	}
+	return errdefs.New(errdefs.Internal, "%s failed: %s", op.Kind, op.Error.Message)
+}
+
+// sandbox loads the sandbox a path names: an unknown, malformed, pooled or
+// deleted id is NotFound.
+func (s *Server) sandbox(r *http.Request) (*sandbox.Sandbox, error) {
+	id := r.PathValue("sandboxID")
+	if !ids.Valid(ids.Sandbox, id) {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %q not found", id)
+	}
+	sb, err := s.cfg.Engine.Get(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == sandbox.Deleted || sb.State == sandbox.Deleting || sb.Pool != "" {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.detail(sb, true))
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	op, err := s.cfg.Engine.Delete(r.Context(), sb.ID, nil)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.await(r.Context(), op); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// pause is E2B's pause: a SPACE suspend. Pausing a paused sandbox is 409.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeBody(w, r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if body.Memory != nil && !*body.Memory {
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "memory: false is not supported by SPACE: a suspend always keeps memory"))
+		return
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if sb.State == sandbox.Suspended || sb.State == sandbox.Suspending {
+		s.fail(w, r, errdefs.New(errdefs.Conflict, "sandbox %s is already paused", sb.ID))
+		return
+	}
+	op, err := s.cfg.Engine.Suspend(r.Context(), sb.ID, nil)
+	if err != nil {
+		s.fail(w, r, conflict(err))
+		return
+	}
+	if err := s.await(r.Context(), op); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// conflict reports a refused transition as E2B does: 409.
+func conflict(err error) error {
+	if errors.Is(err, errdefs.FailedPrecondition) {
+		_, msg, _ := errdefs.Public(err)
+		return errdefs.Wrap(errdefs.Conflict, err, "%s", msg)
+	}
+	return err
+}
+
+type resumeBody struct {
+	Timeout   *int  `json:"timeout"`
+	AutoPause *bool `json:"autoPause"`
+}
+
+// resume (deprecated in E2B) restores a paused sandbox; a running one is 409.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	var body resumeBody
+	if err := decodeBody(w, r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if e2bState(sb.State) == "running" {
+		s.fail(w, r, errdefs.New(errdefs.Conflict, "sandbox %s is already running", sb.ID))
+		return
+	}
+	s.wake(w, r, sb, body.Timeout)
+}
+
+// connect returns a running sandbox (200) or restores a paused one (201);
+// either way its timeout is extended, never shortened.
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Timeout *int  `json:"timeout"`
+		Memory  *bool `json:"memory"`
+	}
+	if err := decodeBody(w, r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if body.Memory != nil && !*body.Memory {
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "memory: false (reboot) is not supported by SPACE"))
+		return
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if sb.State == sandbox.Running {
+		d, err := timeoutOf(body.Timeout, 0)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if d > 0 {
+			if _, err := s.cfg.Engine.ExtendTimeout(r.Context(), sb.ID, d); err != nil {
+				s.fail(w, r, err)
+				return
+			}
+		}
+		s.cfg.Engine.Touch(sb.ID)
+		writeJSON(w, http.StatusOK, s.info(sb))
+		return
+	}
+	s.wake(w, r, sb, body.Timeout)
+}
+
+// wake restores sb, waits, and gives it its timeout from now.
+func (s *Server) wake(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, seconds *int) {
+	d, err := timeoutOf(seconds, 0)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	// A transition in flight (a suspend, a create) is waited for first.
+	for i := 0; sb.ActiveOperation != "" && i < 3; i++ {
+		if _, err := s.cfg.Engine.WaitOperation(ctx, sb.ActiveOperation); err != nil {
+			s.fail(w, r, errdefs.Wrap(errdefs.Unavailable, err, "sandbox %s is busy", sb.ID))
+			return
+		}
+		if sb, err = s.cfg.Engine.Get(ctx, sb.ID); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	op, err := s.cfg.Engine.Wake(ctx, sb.ID, nil)
+	if err != nil {
+		s.fail(w, r, conflict(err))
+		return
+	}
+	if err := s.await(ctx, op); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if d > 0 {
+		if _, err := s.cfg.Engine.SetTimeout(ctx, sb.ID, d); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	s.log.Info("E2B sandbox resumed", "sandbox_id", sb.ID, "operation_id", op.ID)
+	writeJSON(w, http.StatusCreated, s.info(sb))
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decodeBody(w, r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if body.Timeout == nil {
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "timeout (seconds) is required"))
+		return
+	}
+	d, err := timeoutOf(body.Timeout, 0)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if _, err := s.cfg.Engine.SetTimeout(r.Context(), sb.ID, d); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refresh extends a sandbox's timeout by duration seconds (default 60).
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Duration *int `json:"duration"`
+	}
+	if err := decodeBody(w, r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	d, err := timeoutOf(body.Duration, time.Minute)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if _, err := s.cfg.Engine.ExtendTimeout(r.Context(), sb.ID, d); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// metrics: SPACE keeps no per-sandbox resource series; the list is empty.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.sandbox(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, []any{})
+}
+
+// listQuery is a parsed list request.
+type listQuery struct {
+	states   map[string]bool // E2B states wanted
+	metadata map[string]string
+	limit    int
+	cursor   string
+	template string
+}
+
+func parseList(r *http.Request, v2 bool) (listQuery, error) {
+	q := listQuery{states: map[string]bool{"running": true}, limit: 100}
+	if v2 {
+		q.states["paused"] = true
+	}
+	vals := r.URL.Query()
+	allowed := map[string]bool{"metadata": true, "state": v2, "limit": v2, "nextToken": v2, "template": v2, "order": v2, "startedAfter": v2}
+	for k := range vals {
+		if !allowed[k] {
+			return q, errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k)
+		}
+	}
+	if st := vals.Get("state"); st != "" {
+		q.states = map[string]bool{}
+		for _, x := range strings.Split(st, ",") {
+			if x != "running" && x != "paused" {
+				return q, errdefs.New(errdefs.InvalidArgument, "state must be running, paused or both (comma-separated)")
+			}
+			q.states[x] = true
+		}
+	}
+	if m := vals.Get("metadata"); m != "" {
+		mv, err := url.ParseQuery(m)
+		if err != nil {
+			return q, errdefs.New(errdefs.InvalidArgument, "metadata must be URL-encoded key=value pairs")
+		}
+		q.metadata = map[string]string{}
+		for k, v := range mv {
+			q.metadata[k] = v[0]
+		}
+	}
+	if l := vals.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 100 {
+			return q, errdefs.New(errdefs.InvalidArgument, "limit must be between 1 and 100")
+		}
+		q.limit = n
+	}
+	q.cursor = vals.Get("nextToken")
+	q.template = vals.Get("template")
+	return q, nil
+}
+
+func (q listQuery) match(sb *sandbox.Sandbox) bool {
+	if !q.states[e2bState(sb.State)] {
+		return false
+	}
+	if q.template != "" && sb.Template.Ref != templateRef(q.template) && sb.Template.Ref != templateRef(q.template)+":latest" {
+		return false
+	}
+	for k, v := range q.metadata {
+		if sb.Metadata[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// list reads one page of the store and keeps what matches; the next token
+// is the store's cursor, so following it never misses or repeats a sandbox.
+func (s *Server) list(r *http.Request, q listQuery) ([]sandboxDetail, string, error) {
+	page, err := s.cfg.Engine.List(r.Context(), store.SandboxQuery{Cursor: q.cursor, Limit: q.limit})
+	if err != nil {
+		return nil, "", err
+	}
+	out := []sandboxDetail{}
+	for i := range page.Items {
+		if sb := &page.Items[i]; q.match(sb) {
+			out = append(out, s.detail(sb, false))
+		}
+	}
+	return out, page.Next, nil
+}
+
+func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
+	q, err := parseList(r, true)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	items, next, err := s.list(r, q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, items)
+}
+
+// listV1 lists every running sandbox (E2B's v1 list has no paging).
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+	q, err := parseList(r, false)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	q.limit = store.MaxLimit
+	all := []sandboxDetail{}
+	for {
+		items, next, err := s.list(r, q)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		all = append(all, items...)
+		if next == "" || len(all) >= 10000 {
+			break
+		}
+		q.cursor = next
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].StartedAt.Before(all[j].StartedAt) })
+	writeJSON(w, http.StatusOK, all)
+}

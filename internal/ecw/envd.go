@@ -1,0 +1,344 @@
+package ecw
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"encoding/base64"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/ecw/gen/filesystem/filesystemconnect"
+	"github.com/spacesandbox/space/internal/ecw/gen/process/processconnect"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// DefaultUser is the user envd requests act as when they name none (E2B's).
+const DefaultUser = "user"
+
+// MaxFileSize bounds one uploaded file.
+const MaxFileSize int64 = 16 << 30
+
+// fileChunk is how much of a file travels per agent call.
+const fileChunk = 1 << 20
+
+// MaxMessage bounds one Connect request message.
+const MaxMessage = 16 << 20
+
+func (s *Server) routeEnvd() {
+	m := s.envd
+	m.Handle("GET /health", s.inSandbox(false, func(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	m.Handle("GET /files", s.inSandbox(true, s.download))
+	m.Handle("POST /files", s.inSandbox(true, s.upload))
+	s.mountRPC(m, func(h http.Handler) http.Handler {
+		return s.inSandbox(true, func(w http.ResponseWriter, r *http.Request, _ *sandboxCtx) { h.ServeHTTP(w, r) })
+	})
+}
+
+// mountRPC mounts envd's Connect services on m, each behind wrap.
+func (s *Server) mountRPC(m *http.ServeMux, wrap func(http.Handler) http.Handler) {
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(MaxMessage), connect.WithInterceptors(errorInterceptor{log: s.log})}
+	p, h := processconnect.NewProcessHandler(&processService{s: s}, opts...)
+	m.Handle(p, wrap(h))
+	p, h = filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...)
+	m.Handle(p, wrap(h))
+}
+
+// sandboxCtx is the sandbox an envd request acts in.
+type sandboxCtx struct {
+	sb    *sandbox.Sandbox
+	agent *agentclient.Client
+	user  string // from ?username= or Authorization: Basic
+}
+
+type sandboxCtxKey struct{}
+
+func sandboxFrom(ctx context.Context) *sandboxCtx {
+	sc, _ := ctx.Value(sandboxCtxKey{}).(*sandboxCtx)
+	return sc
+}
+
+// gone is how E2B's edge answers for a sandbox that is not running (or does
+// not exist): 502, which the SDKs report as a sandbox timeout.
+func gone(id string) error {
+	return errdefs.New(kindGone, "sandbox %s is not running: it was paused, killed or timed out", id)
+}
+
+// The kinds only envd answers with.
+var (
+	kindGone       = &errdefs.Kind{Code: "sandbox_not_running", Status: http.StatusBadGateway}
+	kindPortClosed = &errdefs.Kind{Code: "port_not_open", Status: http.StatusBadGateway}
+	kindNoSpace    = &errdefs.Kind{Code: "not_enough_space", Status: http.StatusInsufficientStorage}
+)
+
+// inSandbox checks an envd request — port, access token, a running sandbox —
+// and hands it the sandbox's agent. The token is checked before the sandbox
+// is looked up, so an unauthorised caller learns nothing about it.
+func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.Request, *sandboxCtx)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t, _ := r.Context().Value(targetKey{}).(target)
+		if t.port != EnvdPort {
+			s.fail(w, r, errdefs.New(kindPortClosed, "port %s is not open: SPACE sandboxes serve only envd (port %s)", t.port, EnvdPort))
+			return
+		}
+		if needToken {
+			if err := s.cfg.Commands.Signer().VerifySandboxAccess(r.Header.Get("X-Access-Token"), t.sandboxID); err != nil {
+				s.fail(w, r, err)
+				return
+			}
+		}
+		if !ids.Valid(ids.Sandbox, t.sandboxID) {
+			s.fail(w, r, gone(t.sandboxID))
+			return
+		}
+		ag, sb, err := s.cfg.Commands.Agents().Agent(r.Context(), t.sandboxID)
+		if err != nil {
+			if errors.Is(err, errdefs.NotFound) || errors.Is(err, errdefs.FailedPrecondition) {
+				err = gone(t.sandboxID)
+			}
+			s.fail(w, r, err)
+			return
+		}
+		if sb.Pool != "" {
+			s.fail(w, r, gone(t.sandboxID))
+			return
+		}
+		user := r.URL.Query().Get("username")
+		if user == "" {
+			user = basicUser(r.Header.Get("Authorization"))
+		}
+		if user == "" {
+			user = DefaultUser
+		}
+		sc := &sandboxCtx{sb: sb, agent: ag, user: user}
+		next(w, r.WithContext(context.WithValue(r.Context(), sandboxCtxKey{}, sc)), sc)
+	})
+}
+
+// basicUser is the user name of an "Authorization: Basic" header (envd's
+// way of naming the user), "" when there is none.
+func basicUser(h string) string {
+	v, ok := strings.CutPrefix(h, "Basic ")
+	if !ok {
+		return ""
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(v))
+	if err != nil {
+		return ""
+	}
+	user, _, _ := strings.Cut(string(b), ":")
+	return user
+}
+
+// resolvePath makes an envd path absolute: relative paths (and "~/…") are
+// under the user's home, as envd does.
+func resolvePath(ctx context.Context, sc *sandboxCtx, p string) (string, error) {
+	if p == "" || strings.IndexByte(p, 0) >= 0 || len(p) > 4096 {
+		return "", errdefs.New(errdefs.InvalidArgument, "path must be 1 to 4096 bytes without NUL")
+	}
+	if p[0] == '/' {
+		return path.Clean(p), nil
+	}
+	home := homeOf(ctx, sc.agent, sc.user)
+	p = strings.TrimPrefix(strings.TrimPrefix(p, "~"), "/")
+	return path.Join(home, p), nil
+}
+
+// homeOf finds a user's home in the sandbox's /etc/passwd.
+func homeOf(ctx context.Context, ag *agentclient.Client, user string) string {
+	def := "/home/" + user
+	if user == "root" || user == "0" {
+		def = "/root"
+	}
+	res, data, err := ag.ReadFile(ctx, "/etc/passwd", 0, 1<<20)
+	if err != nil || res.Size > 1<<20 {
+		return def
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), ":")
+		if len(f) >= 6 && (f[0] == user || f[2] == user) && strings.HasPrefix(f[5], "/") {
+			return f[5]
+		}
+	}
+	return def
+}
+
+// fileError maps an agent's file failure to what envd answers.
+func fileError(step string, err error) error {
+	err = commands.AgentError(step, err)
+	if errors.Is(err, errdefs.ResourceExhausted) {
+		_, msg, _ := errdefs.Public(err)
+		return errdefs.New(kindNoSpace, "%s", msg)
+	}
+	if errors.Is(err, errdefs.FailedPrecondition) {
+		_, msg, _ := errdefs.Public(err)
+		return errdefs.New(errdefs.InvalidArgument, "%s", msg)
+	}
+	return err
+}
+
+func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) {
+	for k := range r.URL.Query() {
+		if k != "path" && k != "username" {
+			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k))
+			return
+		}
+	}
+	name, err := resolvePath(r.Context(), sc, r.URL.Query().Get("path"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f, err := sc.agent.OpenFile(r.Context(), name, fileChunk)
+	if err != nil {
+		s.fail(w, r, fileError("read file", err))
+		return
+	}
+	s.cfg.Engine.Touch(sc.sb.ID)
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(name)}))
+	h.Set("Content-Length", strconv.FormatInt(f.Size, 10))
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if n, err := io.Copy(w, f); err != nil && n < f.Size {
+		s.log.Warn("E2B file read ended early", "sandbox_id", sc.sb.ID, "path", name, "sent", n, "size", f.Size, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// entryInfo is envd's answer to an upload: one per written file.
+type entryInfo struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) {
+	for k := range r.URL.Query() {
+		if k != "path" && k != "username" {
+			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k))
+			return
+		}
+	}
+	ctx := r.Context()
+	body := io.Reader(http.MaxBytesReader(w, r.Body, MaxFileSize))
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip":
+		gz, err := gzip.NewReader(body)
+		if err != nil {
+			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "body is not gzip: %v", err))
+			return
+		}
+		body = &limited{r: gz, n: MaxFileSize}
+	default:
+		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "Content-Encoding %q is not supported (gzip is)", enc))
+		return
+	}
+	query := r.URL.Query().Get("path")
+	write := func(dest string, data io.Reader) (entryInfo, error) {
+		if dest == "" {
+			return entryInfo{}, errdefs.New(errdefs.InvalidArgument, "no destination: give ?path= or a file name")
+		}
+		name, err := resolvePath(ctx, sc, dest)
+		if err != nil {
+			return entryInfo{}, err
+		}
+		if _, err := sc.agent.WriteFileAs(ctx, proto.WriteBegin{Path: name, Mode: 0o644, User: sc.user}, data, fileChunk); err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) || errors.Is(err, errTooLarge) {
+				return entryInfo{}, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize)
+			}
+			var pe *proto.Error
+			if !errors.As(err, &pe) && !errors.Is(err, agentclient.ErrClosed) {
+				return entryInfo{}, errdefs.Wrap(errdefs.InvalidArgument, err, "reading the request body failed")
+			}
+			return entryInfo{}, fileError("write file", err)
+		}
+		return entryInfo{Name: path.Base(name), Type: "file", Path: name}, nil
+	}
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil {
+		mt = "application/octet-stream"
+	}
+	out := []entryInfo{}
+	switch mt {
+	case "multipart/form-data":
+		mr := multipart.NewReader(body, params["boundary"])
+		for {
+			part, err := mr.NextRawPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "malformed multipart body: %v", err))
+				return
+			}
+			// Part.FileName() drops directories; E2B puts the full
+			// destination path there, so read the header ourselves.
+			_, dp, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			if err != nil || dp["name"] != "file" {
+				part.Close()
+				continue
+			}
+			dest := dp["filename"]
+			if dest == "" {
+				dest = query
+			}
+			e, err := write(dest, part)
+			part.Close()
+			if err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			out = append(out, e)
+		}
+		if len(out) == 0 {
+			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "the multipart body has no part named \"file\""))
+			return
+		}
+	default:
+		e, err := write(query, body)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		out = append(out, e)
+	}
+	s.cfg.Engine.Touch(sc.sb.ID)
+	writeJSON(w, http.StatusOK, out)
+}
+
+var errTooLarge = errors.New("file too large")
+
+// limited fails (rather than truncates) past n bytes.
+type limited struct {
+	r io.Reader
+	n int64
+}
+
+func (l *limited) Read(p []byte) (int, error) {
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	if l.n < 0 {
+		return n, errTooLarge
+	}
+	return n, err
+}

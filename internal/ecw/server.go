@@ -1,0 +1,252 @@
+// Package ecw is SPACE's E2B-compatible layer: the E2B control-plane REST API
+// and the envd in-sandbox API (HTTP /files and the Connect RPC process and
+// filesystem services), mapped onto the same engine, command sessions and
+// agents as the native API. E2B "pause" is SPACE suspend; "resume" and
+// "connect" restore; the in-memory pause is never used.
+//
+// One listener serves both halves: a request carrying E2b-Sandbox-Id (as
+// the SDKs send when E2B_SANDBOX_URL is set), or addressed to a host
+// "<port>-<sandbox id>.<domain>", is an envd request for that sandbox;
+// everything else is the control plane.
+package ecw
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/metrics"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// EnvdVersion is the envd version SPACE reports: the SDK features it gates
+// (octet-stream uploads, closeStdin, stdin control) all work.
+const EnvdVersion = "0.5.7"
+
+// EnvdPort is the port E2B's SDKs address envd on.
+const EnvdPort = "49983"
+
+// DefaultTimeout is the sandbox timeout when a create names none (E2B's).
+const DefaultTimeout = 15 * time.Second
+
+// Engine is what the layer needs of the lifecycle engine.
+type Engine interface {
+	Create(ctx context.Context, req lifecycle.CreateRequest, render lifecycle.Render) (*sandbox.Sandbox, *sandbox.Operation, error)
+	Get(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, q store.SandboxQuery) (store.Page[sandbox.Sandbox], error)
+	Suspend(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	Wake(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	Delete(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	WaitOperation(ctx context.Context, id string) (*sandbox.Operation, error)
+	SetTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)
+	ExtendTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)
+	Touch(id string)
+}
+
+// Config wires a Server.
+type Config struct {
+	Engine   Engine
+	Commands *commands.Service
+	Tokens   *auth.Tokens
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
+	// Keepalive is the longest silence on a process stream (E2B: ≤ 50 s).
+	Keepalive time.Duration
+}
+
+// Server serves the E2B-compatible API.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	control *http.ServeMux
+	envd    *http.ServeMux
+}
+
+// New returns the layer's handler.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Keepalive == 0 {
+		cfg.Keepalive = 30 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), envd: http.NewServeMux()}
+	s.routeControl()
+	s.routeEnvd()
+	return s
+}
+
+// ServeHTTP sends a request to the control plane or to a sandbox's envd.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	route := "unmatched"
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("panic serving E2B request", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			if sw.status == 0 {
+				writeError(sw, errdefs.New(errdefs.Internal, "internal error"))
+			}
+		}
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.ObserveRequest("ecw", route, r.Method, sw.status, time.Since(start))
+		}
+	}()
+	mux := s.control
+	if id, port, ok := envdTarget(r); ok {
+		mux = s.envd
+		r = r.WithContext(context.WithValue(r.Context(), targetKey{}, target{sandboxID: id, port: port}))
+	}
+	_, pattern := mux.Handler(r)
+	if pattern == "" {
+		if allowed := allowedMethods(mux, r); len(allowed) > 0 {
+			sw.Header().Set("Allow", strings.Join(allowed, ", "))
+			writeError(sw, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
+			return
+		}
+		writeError(sw, errdefs.New(errdefs.NotFound, "no such endpoint: %s", r.URL.Path))
+		return
+	}
+	route = pattern
+	mux.ServeHTTP(sw, r) // (sets the path values)
+}
+
+// allowedMethods lists the methods a path does answer to.
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var out []string
+	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
+		c := r.Clone(r.Context())
+		c.Method = m
+		if _, p := mux.Handler(c); p != "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+type targetKey struct{}
+
+type target struct {
+	sandboxID string
+	port      string
+}
+
+// envdTarget finds the sandbox and port an envd request is for: the
+// E2b-Sandbox-Id/-Port headers, or a "<port>-<id>.<domain>" host.
+func envdTarget(r *http.Request) (id, port string, ok bool) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		port := r.Header.Get("E2b-Sandbox-Port")
+		if port == "" {
+			port = EnvdPort
+		}
+		return id, port, true
+	}
+	host := r.Host
+	if i := strings.IndexByte(host, '.'); i > 0 {
+		if port, id, found := strings.Cut(host[:i], "-"); found && port != "" && id != "" && strings.Trim(port, "0123456789") == "" {
+			return id, port, true
+		}
+	}
+	return "", "", false
+}
+
+// statusWriter remembers the status for metrics and keeps flushing working.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush lets streaming handlers (Connect checks for http.Flusher) flush.
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// apiError is E2B's error body: the SDKs decide on its code.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeError renders err as E2B's {"code", "message"} with the status of its
+// kind. Errors without a kind never show their text.
+func writeError(w http.ResponseWriter, err error) {
+	kind, msg, _ := errdefs.Public(err)
+	writeJSON(w, kind.Status, apiError{Code: kind.Status, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"code":500,"message":"internal error"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// fail logs server-side failures and writes the error.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if errdefs.KindOf(err) == errdefs.Internal {
+		s.log.Error("E2B request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, err)
+}
+
+// MaxJSONBody bounds every JSON body of the control plane.
+const MaxJSONBody = 1 << 20
+
+// decodeBody decodes a JSON body strictly (unknown fields are refused); an
+// empty body leaves v as it is.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, MaxJSONBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			return errdefs.New(errdefs.TooLarge, "request body exceeds %d bytes", MaxJSONBody)
+		case errors.Is(err, io.EOF):
+			return nil // no body
+		}
+		return errdefs.New(errdefs.InvalidArgument, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if dec.More() {
+		return errdefs.New(errdefs.InvalidArgument, "invalid JSON body: more than one value")
+	}
+	return nil
+}
