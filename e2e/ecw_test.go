@@ -3,9 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"mime/multipart"
-	"net/http"
 	"strings"
 	"testing"
 )
@@ -13,28 +11,7 @@ import (
 // ecwDo sends a request to the E2B-compatible listener.
 func (s *server) ecwDo(method, path string, body []byte, headers ...string) reply {
 	s.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequest(method, "http://"+s.ecwAddr+path, rd)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for _, h := range headers {
-		k, v, _ := strings.Cut(h, ":")
-		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		s.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+	return s.doAt(s.ecwAddr, method, path, "", body, headers...)
 }
 
 // expectE2BError checks E2B's error body: {"code": <status>, "message": …}.

@@ -256,11 +256,17 @@ func (r reply) errorCode() string {
 // sends no Authorization header.
 func (s *server) do(method, path, token string, body []byte, headers ...string) reply {
 	s.t.Helper()
+	return s.doAt(s.apiAddr, method, path, token, body, headers...)
+}
+
+// doAt is do against another of the server's listeners.
+func (s *server) doAt(addr, method, path, token string, body []byte, headers ...string) reply {
+	s.t.Helper()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(context.Background(), method, s.url(path), rd)
+	req, err := http.NewRequestWithContext(context.Background(), method, "http://"+addr+path, rd)
 	if err != nil {
 		s.t.Fatal(err)
 	}

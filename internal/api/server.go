@@ -103,28 +103,6 @@ func (s *Server) Routes() []Route {
 	}
 }
 
-// statusWriter records the status a handler wrote.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
 // ServeHTTP routes, authenticates with the API token, recovers panics and
 // records metrics.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -144,7 +122,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // record its latency and status.
 func serve(w http.ResponseWriter, r *http.Request, listener string, rt *router, m *metrics.Metrics, log *slog.Logger, authn func(*http.Request, params) error) {
 	start := time.Now()
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &metrics.StatusWriter{ResponseWriter: w}
 	routeName := "unmatched"
 	defer func() {
 		if v := recover(); v != nil {
@@ -152,12 +130,12 @@ func serve(w http.ResponseWriter, r *http.Request, listener string, rt *router, 
 				panic(v)
 			}
 			log.Error("panic serving request", "listener", listener, "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
-			if sw.status == 0 {
+			if sw.Status == 0 {
 				writeError(sw, r, log, errdefs.New(errdefs.Internal, "internal error"))
 			}
 		}
 		if m != nil {
-			m.ObserveRequest(listener, routeName, r.Method, sw.status, time.Since(start))
+			m.ObserveRequest(listener, routeName, r.Method, sw.Status, time.Since(start))
 		}
 	}()
 	route, p, allowed := rt.match(r.Method, r.URL.Path)

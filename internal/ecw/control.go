@@ -439,55 +439,44 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbo
 	writeJSON(w, http.StatusCreated, s.info(sb))
 }
 
+// setTimeout replaces the sandbox's timeout (E2B: POST …/timeout).
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Timeout *int `json:"timeout"`
-	}
-	if err := decodeBody(w, r, &body); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if body.Timeout == nil {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "timeout (seconds) is required"))
-		return
-	}
-	d, err := timeoutOf(body.Timeout, 0)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if _, err := s.cfg.Engine.SetTimeout(r.Context(), sb.ID, d); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	s.changeTimeout(w, r, "timeout", 0, s.cfg.Engine.SetTimeout)
 }
 
 // refresh extends a sandbox's timeout by duration seconds (default 60).
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Duration *int `json:"duration"`
+	s.changeTimeout(w, r, "duration", time.Minute, s.cfg.Engine.ExtendTimeout)
+}
+
+// changeTimeout reads {field: seconds} (required when def is 0) and applies
+// it to the sandbox the path names.
+func (s *Server) changeTimeout(w http.ResponseWriter, r *http.Request, field string, def time.Duration,
+	apply func(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)) {
+	var body map[string]*int
+	err := decodeBody(w, r, &body)
+	if err == nil {
+		for k := range body {
+			if k != field {
+				err = errdefs.New(errdefs.InvalidArgument, "invalid JSON body: unknown field %q", k)
+			}
+		}
 	}
-	if err := decodeBody(w, r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+	if err == nil && body[field] == nil && def == 0 {
+		err = errdefs.New(errdefs.InvalidArgument, "%s (seconds) is required", field)
 	}
-	d, err := timeoutOf(body.Duration, time.Minute)
+	var d time.Duration
+	if err == nil {
+		d, err = timeoutOf(body[field], def)
+	}
+	var sb *sandbox.Sandbox
+	if err == nil {
+		sb, err = s.sandbox(r)
+	}
+	if err == nil {
+		_, err = apply(r.Context(), sb.ID, d)
+	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	sb, err := s.sandbox(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if _, err := s.cfg.Engine.ExtendTimeout(r.Context(), sb.ID, d); err != nil {
 		s.fail(w, r, err)
 		return
 	}

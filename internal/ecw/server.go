@@ -90,7 +90,7 @@ func New(cfg Config) *Server {
 // ServeHTTP sends a request to the control plane or to a sandbox's envd.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &metrics.StatusWriter{ResponseWriter: w}
 	route := "unmatched"
 	defer func() {
 		if v := recover(); v != nil {
@@ -98,12 +98,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				panic(v)
 			}
 			s.log.Error("panic serving E2B request", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
-			if sw.status == 0 {
+			if sw.Status == 0 {
 				writeError(sw, errdefs.New(errdefs.Internal, "internal error"))
 			}
 		}
 		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.ObserveRequest("ecw", route, r.Method, sw.status, time.Since(start))
+			s.cfg.Metrics.ObserveRequest("ecw", route, r.Method, sw.Status, time.Since(start))
 		}
 	}()
 	mux := s.control
@@ -162,36 +162,6 @@ func envdTarget(r *http.Request) (id, port string, ok bool) {
 		}
 	}
 	return "", "", false
-}
-
-// statusWriter remembers the status for metrics and keeps flushing working.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// Flush lets streaming handlers (Connect checks for http.Flusher) flush.
-func (w *statusWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // apiError is E2B's error body: the SDKs decide on its code.

@@ -97,3 +97,35 @@ func (m *Metrics) WatchSandboxes(src SandboxCounter) {
 	m.reg.MustRegister(sandboxGauge{src: src, desc: prometheus.NewDesc("space_sandboxes",
 		"Sandboxes by state; pool=\"true\" are warm-pool sandboxes waiting to be claimed.", []string{"state", "pool"}, nil)})
 }
+
+// StatusWriter wraps a handler's ResponseWriter to learn the status it
+// wrote, for ObserveRequest. Flushing and http.ResponseController keep
+// working through it.
+type StatusWriter struct {
+	http.ResponseWriter
+	Status int
+}
+
+func (w *StatusWriter) WriteHeader(code int) {
+	if w.Status == 0 {
+		w.Status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *StatusWriter) Write(b []byte) (int, error) {
+	if w.Status == 0 {
+		w.Status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush flushes (Connect's streaming handlers look for http.Flusher).
+func (w *StatusWriter) Flush() {
+	if w.Status == 0 {
+		w.Status = http.StatusOK
+	}
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
