@@ -4,10 +4,15 @@
 //	space-agent --connect unix:/run/space/agent.sock   dial the host's listener (redials when it drops)
 //	space-agent --connect file:/dev/virtio-ports/space.agent
 //	space-agent --connect stdio                         serve on stdin/stdout
+//
+// As /init of a microVM's initramfs (no arguments, PID 1, /modules present)
+// it first switches to the sandbox's disk and then serves on the
+// virtio-serial port "space.agent".
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -26,6 +31,16 @@ func main() {
 	hostname := flag.String("hostname", "", "hostname to set when running as PID 1")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if _, err := os.Stat("/modules"); err == nil && os.Getpid() == 1 && len(os.Args) == 1 {
+		dev, err := agent.VMBoot("space.agent")
+		if err != nil {
+			// Nothing can serve the host; say why on the console and stop
+			// (PID 1 exiting halts the VM).
+			fmt.Fprintln(os.Stderr, "space-agent: vm boot:", err)
+			os.Exit(1)
+		}
+		*connect = "file:" + dev
+	}
 	if os.Getpid() == 1 {
 		for _, err := range agent.InitSystem(*hostname) {
 			log.Warn("init", "err", err)
@@ -57,11 +72,21 @@ func main() {
 				}
 				continue
 			}
+			err = a.Serve(ctx, conn)
+			conn.Close()
+			if errors.Is(err, agent.ErrNoHost) {
+				// A serial port whose host side is not connected reads as
+				// end of file at once: wait for the host, quietly.
+				time.Sleep(backoff)
+				if backoff < most {
+					backoff *= 2
+				}
+				continue
+			}
 			backoff = first
-			if err := a.Serve(ctx, conn); err != nil {
+			if err != nil {
 				log.Warn("host connection ended", "err", err)
 			}
-			conn.Close()
 		}
 	default:
 		fmt.Fprintf(os.Stderr, "space-agent: --connect %q: want unix:PATH, file:PATH or stdio\n", *connect)

@@ -78,33 +78,53 @@ func New(cfg Config) (*Agent, error) {
 // Close stops the agent's background work (tests).
 func (a *Agent) Close() { a.reaper.close() }
 
+// ErrNoHost is Serve's answer when the channel ended before the host said
+// hello: nobody is on the other end yet.
+var ErrNoHost = errors.New("no host on the channel")
+
 // Serve speaks the protocol on one connection until it fails or ctx ends.
 // Calls run concurrently; a call's context ends with the connection.
+
 func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { <-ctx.Done(); conn.Close() }()
 	r, w := proto.NewReader(conn), proto.NewWriter(conn)
 	f, err := r.Read()
+	if errors.Is(err, io.EOF) {
+		return ErrNoHost
+	}
 	if err != nil {
 		return fmt.Errorf("read hello: %w", err)
 	}
-	var hello proto.Hello
-	if f.Type != proto.TypeHello || json.Unmarshal(f.Header, &hello) != nil {
-		return errors.New("first frame is not hello")
-	}
-	ver := 0
-	for _, v := range hello.Versions {
-		if v == proto.Version {
-			ver = v
+	handshake := func(f proto.Frame) error {
+		var hello proto.Hello
+		if f.Type != proto.TypeHello || json.Unmarshal(f.Header, &hello) != nil {
+			return errors.New("first frame is not hello")
 		}
+		ver := 0
+		for _, v := range hello.Versions {
+			if v == proto.Version {
+				ver = v
+			}
+		}
+		if err := w.Write(proto.TypeHello, 0, proto.Hello{Version: ver, Agent: Name, Ready: ver != 0}, nil); err != nil {
+			return fmt.Errorf("write hello: %w", err)
+		}
+		if ver == 0 {
+			return fmt.Errorf("no protocol version in common with the host (host speaks %v)", hello.Versions)
+		}
+		return nil
 	}
-	if err := w.Write(proto.TypeHello, 0, proto.Hello{Version: ver, Agent: Name, Ready: ver != 0}, nil); err != nil {
-		return fmt.Errorf("write hello: %w", err)
+	if err := handshake(f); err != nil {
+		return err
 	}
-	if ver == 0 {
-		return fmt.Errorf("no protocol version in common with the host (host speaks %v)", hello.Versions)
-	}
+	// Calls run under the session's context. A hello in the middle of a
+	// session means a new host is on the other end of a channel that never
+	// closed (a microVM's serial port after a restore): the calls of the
+	// old session are cancelled and a new session starts.
+	callCtx, cancelCalls := context.WithCancel(ctx)
+	defer func() { cancelCalls() }()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -115,6 +135,14 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 			}
 			return err
 		}
+		if f.Type == proto.TypeHello {
+			cancelCalls()
+			callCtx, cancelCalls = context.WithCancel(ctx)
+			if err := handshake(f); err != nil {
+				return err
+			}
+			continue
+		}
 		if f.Type != proto.TypeCall {
 			return fmt.Errorf("unexpected frame type %d", f.Type)
 		}
@@ -124,7 +152,7 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 			continue
 		}
 		wg.Add(1)
-		go func(id uint32, c proto.Call, blob []byte) {
+		go func(ctx context.Context, id uint32, c proto.Call, blob []byte) {
 			defer wg.Done()
 			res, out, err := a.dispatch(ctx, c, blob)
 			rep := proto.Reply{}
@@ -140,7 +168,7 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 			if err := w.Write(proto.TypeReply, id, rep, out); err != nil {
 				cancel()
 			}
-		}(f.ID, c, f.Blob)
+		}(callCtx, f.ID, c, f.Blob)
 	}
 }
 

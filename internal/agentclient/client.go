@@ -46,6 +46,12 @@ func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 			return
 		}
 		f, err := r.Read()
+		// Replies of an earlier session may still be on their way (a
+		// channel that outlived its host, as a VM's serial port does):
+		// they come before the hello and are skipped.
+		for skipped := 0; err == nil && f.Type == proto.TypeReply && skipped < 1024; skipped++ {
+			f, err = r.Read()
+		}
 		if err != nil {
 			res <- result{err: err}
 			return

@@ -1,0 +1,284 @@
+//go:build linux
+
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/runtime"
+)
+
+// Create boots a new VM: an overlay over the template's image, an empty RAM
+// file, a cold boot to the agent. A half-made sandbox is torn down first.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
+	id := spec.SandboxID
+	if r.qemuPID(id) != 0 {
+		if err := r.waitAgent(ctx, id); err == nil {
+			return nil // made by an earlier attempt
+		}
+	}
+	r.stopQEMU(ctx, id)
+	os.RemoveAll(r.sandboxDir(id))
+	if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
+		return err
+	}
+	base, err := r.image(ctx, spec)
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, r.cfg.QEMUImg, "create", "-q", "-f", "qcow2", "-b", base, "-F", "raw",
+		r.diskPath(id), fmt.Sprintf("%dM", spec.Resources.DiskMiB)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("create disk overlay: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	f, err := os.OpenFile(r.memPath(id), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(int64(spec.Resources.MemoryMiB) << 20)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("size the RAM file: %w", err)
+	}
+	if _, err := r.endpoint(id); err != nil {
+		return err
+	}
+	q, err := r.startQEMU(ctx, spec, false)
+	if err != nil {
+		return err
+	}
+	q.close()
+	return r.waitAgent(ctx, id)
+}
+
+func (r *Runtime) Pause(ctx context.Context, spec runtime.Spec) error {
+	return r.runState(ctx, spec, "stop", "paused")
+}
+
+func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
+	if err := r.runState(ctx, spec, "cont", "running"); err != nil {
+		return err
+	}
+	return r.waitAgent(ctx, spec.SandboxID)
+}
+
+// runState sends stop or cont unless the VM is already in want.
+func (r *Runtime) runState(ctx context.Context, spec runtime.Spec, cmd, want string) error {
+	q, err := r.qmp(ctx, spec.SandboxID)
+	if err != nil {
+		return fmt.Errorf("%s: %w", cmd, runtime.ErrNotFound)
+	}
+	defer q.close()
+	if st, err := q.status(ctx); err == nil && st == want {
+		return nil
+	}
+	if _, err := q.execute(ctx, cmd, nil); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Suspend saves the device state next to the RAM file and disk, flushes
+// them, and ends QEMU.
+func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
+	id := spec.SandboxID
+	if r.qemuPID(id) == 0 {
+		if _, err := os.Stat(statePath(spec)); err == nil {
+			return nil // suspended already
+		}
+		return fmt.Errorf("suspend: %w", runtime.ErrNotFound)
+	}
+	q, err := r.qmp(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer q.close()
+	// Close the agent channel while the guest runs, so the agent sees the
+	// host leave at a frame boundary and waits for the next hello.
+	if st, _ := q.status(ctx); st == "paused" {
+		if _, err := q.execute(ctx, "cont", nil); err != nil {
+			return err
+		}
+	}
+	r.closeEndpoint(id)
+	time.Sleep(20 * time.Millisecond)
+	if err := os.MkdirAll(spec.SnapshotDir, 0o700); err != nil {
+		return err
+	}
+	tmp := statePath(spec) + ".tmp"
+	for _, c := range []struct {
+		cmd  string
+		args any
+	}{
+		{"stop", nil},
+		{"migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}},
+		{"migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp)}},
+	} {
+		if _, err := q.execute(ctx, c.cmd, c.args); err != nil {
+			return err
+		}
+	}
+	if err := q.waitMigration(ctx); err != nil {
+		return err
+	}
+	q.execute(ctx, "quit", nil)
+	r.stopQEMU(ctx, id)
+	if err := removeCgroup(id); err != nil {
+		r.log.Warn("vm: suspend", "sandbox_id", id, "err", err)
+	}
+	for _, p := range []string{tmp, r.memPath(id), r.diskPath(id)} {
+		if err := fsync(p); err != nil {
+			return fmt.Errorf("flush %s: %w", filepath.Base(p), err)
+		}
+	}
+	if err := os.Rename(tmp, statePath(spec)); err != nil {
+		return err
+	}
+	return fsync(spec.SnapshotDir)
+}
+
+// Restore starts QEMU over the saved RAM file, loads the device state and
+// lets it run.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
+	id := spec.SandboxID
+	if r.qemuPID(id) != 0 {
+		q, err := r.qmp(ctx, id)
+		if err == nil {
+			st, _ := q.status(ctx)
+			q.close()
+			if st == "running" {
+				return r.waitAgent(ctx, id)
+			}
+		}
+		r.stopQEMU(ctx, id) // a restore that died half-way
+	}
+	if _, err := os.Stat(statePath(spec)); err != nil {
+		return fmt.Errorf("restore: no saved state: %w", runtime.ErrNotFound)
+	}
+	if _, err := r.endpoint(id); err != nil {
+		return err
+	}
+	q, err := r.startQEMU(ctx, spec, true)
+	if err != nil {
+		return err
+	}
+	defer q.close()
+	for _, c := range []struct {
+		cmd  string
+		args any
+	}{
+		{"migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}},
+		{"migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(statePath(spec))}},
+	} {
+		if _, err := q.execute(ctx, c.cmd, c.args); err != nil {
+			return err
+		}
+	}
+	if err := q.waitMigration(ctx); err != nil {
+		return err
+	}
+	if _, err := q.execute(ctx, "cont", nil); err != nil {
+		return err
+	}
+	if err := r.waitAgent(ctx, id); err != nil {
+		return err
+	}
+	// Running again: the saved device state is spent.
+	os.Remove(statePath(spec))
+	return nil
+}
+
+// Delete ends QEMU and removes every file, socket and cgroup.
+func (r *Runtime) Delete(ctx context.Context, spec runtime.Spec) error {
+	id := spec.SandboxID
+	r.closeEndpoint(id)
+	r.stopQEMU(ctx, id)
+	var errs []error
+	if err := removeCgroup(id); err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range []string{r.sandboxDir(id), r.socketDir(id), spec.SnapshotDir} {
+		if d == "" {
+			continue
+		}
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Recover re-adopts a running or paused VM through its QMP socket (QEMU
+// reconnects its agent channel to the new listener by itself).
+func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Status, error) {
+	id := spec.SandboxID
+	if r.qemuPID(id) != 0 {
+		q, err := r.qmp(ctx, id)
+		if err != nil {
+			return runtime.StatusAbsent, fmt.Errorf("qemu runs but QMP does not answer: %w", err)
+		}
+		st, err := q.status(ctx)
+		q.close()
+		if err != nil {
+			return runtime.StatusAbsent, err
+		}
+		if _, err := r.endpoint(id); err != nil {
+			return runtime.StatusAbsent, err
+		}
+		switch st {
+		case "running":
+			return runtime.StatusRunning, nil
+		case "paused":
+			return runtime.StatusPaused, nil
+		}
+		return runtime.StatusAbsent, fmt.Errorf("qemu is %s", st)
+	}
+	if _, err := os.Stat(statePath(spec)); err == nil {
+		return runtime.StatusSuspended, nil
+	}
+	return runtime.StatusAbsent, nil
+}
+
+func (r *Runtime) Stats(ctx context.Context, spec runtime.Spec) (runtime.Stats, error) {
+	pid := r.qemuPID(spec.SandboxID)
+	if pid == 0 {
+		return runtime.Stats{}, runtime.ErrNotFound
+	}
+	var st runtime.Stats
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				st.MemoryBytes = kb << 10
+			}
+		}
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 13 {
+			ut, _ := strconv.ParseFloat(f[11], 64)
+			stt, _ := strconv.ParseFloat(f[12], 64)
+			st.CPUSeconds = (ut + stt) / 100
+		}
+	}
+	return st, nil
+}
+
+func fsync(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -1,0 +1,377 @@
+//go:build linux
+
+// Package vm is the `vm` runtime: one QEMU `microvm` per sandbox, its own
+// kernel, virtio-mmio devices. The guest boots the Debian cloud kernel with
+// an initramfs whose /init is the space-agent: it loads the virtio modules,
+// mounts the sandbox's disk — a qcow2 copy-on-write overlay over the
+// template's ext4 image — as root and serves the host on the virtio-serial
+// port "space.agent". QEMU dials the host's unix socket for that port (the
+// host stays the listener, so a restored or re-adopted VM reconnects).
+// Guest RAM is a file (memory-backend-file, share=on): pause is QMP stop;
+// suspend is stop + a migration of the device state only (x-ignore-shared)
+// into the snapshot directory, fsync of RAM file and overlay, and QEMU's
+// exit; wake starts QEMU with -incoming defer over the same RAM file.
+// Acceleration is KVM where a probe boot shows it can run the guest, TCG
+// otherwise.
+package vm
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/runtime"
+)
+
+// Name is the runtime's API name.
+const Name = "vm"
+
+// Templates gives a template digest's root file system, environment and
+// working directory.
+type Templates interface {
+	RootfsPath(digest string) (string, error)
+	Config(digest string) (env map[string]string, workdir string)
+}
+
+// Config configures the runtime.
+type Config struct {
+	QEMU    string // qemu-system-x86_64
+	QEMUImg string // qemu-img
+	Kernel  string // the guest kernel (bzImage)
+	// Modules is the kernel's module tree (lib/modules/<version>).
+	Modules  string
+	AgentBin string
+	// Dir holds images, the initramfs and per-sandbox state.
+	Dir string
+	// SocketDir holds per-sandbox sockets; it must be short.
+	SocketDir string
+	Templates Templates
+	// Accel is "kvm", "tcg" or "" (probe).
+	Accel  string
+	Logger *slog.Logger
+}
+
+// Runtime runs sandboxes as QEMU microVMs.
+type Runtime struct {
+	cfg       Config
+	log       *slog.Logger
+	accel     string
+	accelWhy  string
+	initramfs string
+
+	mu        sync.Mutex // guards endpoints, qmps, procs
+	endpoints map[string]*agentclient.Endpoint
+	procs     map[string]*exec.Cmd
+
+	images imageBuilds
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New checks the configuration, builds the initramfs and picks the
+// acceleration.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	if cfg.QEMU == "" || cfg.Kernel == "" || cfg.AgentBin == "" || cfg.Dir == "" || cfg.Templates == nil {
+		return nil, errors.New("vm: qemu, kernel, agent binary, dir and templates are required")
+	}
+	if cfg.QEMUImg == "" {
+		cfg.QEMUImg = "qemu-img"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SocketDir == "" {
+		cfg.SocketDir = shortDir("/run/space-vm-", cfg.Dir)
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "images"), filepath.Join(cfg.Dir, "sandboxes"), cfg.SocketDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("vm: %w", err)
+		}
+	}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, endpoints: map[string]*agentclient.Endpoint{}, procs: map[string]*exec.Cmd{}}
+	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
+	if err := r.buildInitramfs(); err != nil {
+		return nil, err
+	}
+	r.accel, r.accelWhy = cfg.Accel, "configured"
+	if r.accel == "" {
+		r.accel, r.accelWhy = r.probeAccel(ctx)
+	}
+	r.log.Info("vm runtime ready", "accel", r.accel, "why", r.accelWhy, "kernel", cfg.Kernel)
+	return r, nil
+}
+
+func (r *Runtime) buildInitramfs() error {
+	var buf bytes.Buffer
+	if err := BuildInitramfs(&buf, r.cfg.AgentBin, r.cfg.Modules); err != nil {
+		return fmt.Errorf("vm: build initramfs: %w", err)
+	}
+	if old, err := os.ReadFile(r.initramfs); err == nil && bytes.Equal(old, buf.Bytes()) {
+		return nil
+	}
+	tmp := r.initramfs + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, r.initramfs)
+}
+
+func (r *Runtime) Name() string { return Name }
+
+// Close lets go of every agent channel (the VMs keep running; a new
+// runtime over the same directory re-adopts them).
+func (r *Runtime) Close() {
+	r.mu.Lock()
+	ids := make([]string, 0, len(r.endpoints))
+	for id := range r.endpoints {
+		ids = append(ids, id)
+	}
+	r.mu.Unlock()
+	for _, id := range ids {
+		r.closeEndpoint(id)
+	}
+}
+
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Pause: true, Suspend: true,
+		Detail: fmt.Sprintf("QEMU microvm, accel=%s (%s)", r.accel, r.accelWhy)}
+}
+
+// Accel is the acceleration in use and why.
+func (r *Runtime) Accel() (string, string) { return r.accel, r.accelWhy }
+
+func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.cfg.Dir, "sandboxes", id) }
+func (r *Runtime) socketDir(id string) string  { return filepath.Join(r.cfg.SocketDir, id) }
+func (r *Runtime) qmpPath(id string) string    { return filepath.Join(r.socketDir(id), "qmp.sock") }
+func (r *Runtime) agentPath(id string) string  { return filepath.Join(r.socketDir(id), "agent.sock") }
+func (r *Runtime) memPath(id string) string    { return filepath.Join(r.sandboxDir(id), "mem") }
+func (r *Runtime) diskPath(id string) string   { return filepath.Join(r.sandboxDir(id), "disk.qcow2") }
+func (r *Runtime) pidPath(id string) string    { return filepath.Join(r.sandboxDir(id), "qemu.pid") }
+func statePath(spec runtime.Spec) string       { return filepath.Join(spec.SnapshotDir, "vmstate") }
+
+// qemuArgs is the command line of a sandbox's VM; restore uses the same one
+// with -incoming defer.
+func (r *Runtime) qemuArgs(spec runtime.Spec, incoming bool) []string {
+	id := spec.SandboxID
+	mem := spec.Resources.MemoryMiB
+	env, workdir := r.cfg.Templates.Config(spec.Template.Digest)
+	merged := map[string]string{}
+	for k, v := range env {
+		merged[k] = v
+	}
+	for k, v := range spec.Env {
+		merged[k] = v
+	}
+	envJSON, _ := json.Marshal(merged)
+	cmdline := []string{"console=ttyS0", "panic=-1", "quiet", "random.trust_cpu=on",
+		"space.env=" + base64.RawURLEncoding.EncodeToString(envJSON)}
+	if workdir != "" {
+		cmdline = append(cmdline, "space.workdir="+base64.RawURLEncoding.EncodeToString([]byte(workdir)))
+	}
+	cpu := "host"
+	if r.accel == "tcg" {
+		// TCG's TSC calibration takes seconds without these.
+		cmdline = append(cmdline, "tsc_early_khz=2000000", "lpj=2000000")
+		cpu = "max"
+	}
+	args := []string{
+		"-name", "space-" + id,
+		"-M", "microvm,x-option-roms=off,pit=off,pic=off,isa-serial=on,rtc=on",
+		"-accel", r.accel, "-cpu", cpu,
+		"-m", fmt.Sprintf("%dM", mem), "-smp", strconv.Itoa(spec.Resources.VCPUs),
+		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=on", mem, r.memPath(id)),
+		"-machine", "memory-backend=mem",
+		"-kernel", r.cfg.Kernel, "-initrd", r.initramfs, "-append", strings.Join(cmdline, " "),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-serial", "file:" + filepath.Join(r.sandboxDir(id), "console.log"),
+		"-drive", "id=root,file=" + r.diskPath(id) + ",format=qcow2,if=none,discard=unmap",
+		"-device", "virtio-blk-device,drive=root",
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,path=" + r.agentPath(id) + ",reconnect=1",
+		"-device", "virtserialport,chardev=agent,name=space.agent",
+		"-device", "virtio-rng-device",
+		"-qmp", "unix:" + r.qmpPath(id) + ",server=on,wait=off",
+		"-pidfile", r.pidPath(id),
+	}
+	if incoming {
+		args = append(args, "-incoming", "defer")
+	}
+	return args
+}
+
+// startQEMU starts a sandbox's QEMU in its own session (it outlives this
+// server) and waits for its QMP socket.
+func (r *Runtime) startQEMU(ctx context.Context, spec runtime.Spec, incoming bool) (*qmp, error) {
+	id := spec.SandboxID
+	os.Remove(r.qmpPath(id))
+	logf, err := os.OpenFile(filepath.Join(r.sandboxDir(id), "qemu.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(r.cfg.QEMU, r.qemuArgs(spec, incoming)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	r.mu.Lock()
+	r.procs[id] = cmd
+	r.mu.Unlock()
+	if err := joinCgroup(id, cmd.Process.Pid, spec.Resources); err != nil {
+		r.log.Warn("vm: cgroup", "sandbox_id", id, "err", err)
+	}
+	for {
+		q, err := dialQMP(ctx, r.qmpPath(id))
+		if err == nil {
+			return q, nil
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(filepath.Join(r.sandboxDir(id), "qemu.log"))
+			return nil, fmt.Errorf("qemu exited at start: %s", lastLine(string(b)))
+		case <-ctx.Done():
+			cmd.Process.Kill()
+			return nil, fmt.Errorf("qemu did not answer on QMP: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// qemuPID is the sandbox's running QEMU process (0 when there is none).
+func (r *Runtime) qemuPID(id string) int {
+	b, err := os.ReadFile(r.pidPath(id))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !bytes.Contains(cmdline, []byte("space-"+id)) {
+		return 0
+	}
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 0 && f[0] == "Z" {
+			return 0 // exited, not yet reaped
+		}
+	}
+	return pid
+}
+
+// qmp connects to a running sandbox's QMP socket.
+func (r *Runtime) qmp(ctx context.Context, id string) (*qmp, error) {
+	if r.qemuPID(id) == 0 {
+		return nil, errNoQMP
+	}
+	return dialQMP(ctx, r.qmpPath(id))
+}
+
+// stopQEMU ends a sandbox's QEMU: quit over QMP, else SIGKILL; it waits
+// until the process is gone.
+func (r *Runtime) stopQEMU(ctx context.Context, id string) {
+	pid := r.qemuPID(id)
+	if pid == 0 {
+		return
+	}
+	if q, err := r.qmp(ctx, id); err == nil {
+		q.execute(ctx, "quit", nil)
+		q.close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for r.qemuPID(id) != 0 {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			deadline = time.Now().Add(5 * time.Second)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.mu.Lock()
+	delete(r.procs, id)
+	r.mu.Unlock()
+}
+
+// endpoint returns the sandbox's agent endpoint, listening if needed.
+func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ep, ok := r.endpoints[id]; ok {
+		return ep, nil
+	}
+	if err := os.MkdirAll(r.socketDir(id), 0o700); err != nil {
+		return nil, err
+	}
+	ep, err := agentclient.Listen(r.agentPath(id), r.log.With("sandbox_id", id))
+	if err != nil {
+		return nil, err
+	}
+	r.endpoints[id] = ep
+	return ep, nil
+}
+
+func (r *Runtime) closeEndpoint(id string) {
+	r.mu.Lock()
+	ep := r.endpoints[id]
+	delete(r.endpoints, id)
+	r.mu.Unlock()
+	if ep != nil {
+		ep.Close()
+	}
+}
+
+// waitAgent waits until the agent answers.
+func (r *Runtime) waitAgent(ctx context.Context, id string) error {
+	ep, err := r.endpoint(id)
+	if err != nil {
+		return err
+	}
+	c, err := ep.Client(ctx)
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(r.sandboxDir(id), "console.log"))
+		return fmt.Errorf("agent of %s: %w (console: %s)", id, err, lastLine(string(b)))
+	}
+	if _, err := c.Info(ctx); err != nil {
+		return fmt.Errorf("agent of %s: %w", id, err)
+	}
+	return nil
+}
+
+func (r *Runtime) Agent(ctx context.Context, spec runtime.Spec) (*agentclient.Client, error) {
+	ep, err := r.endpoint(spec.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	return ep.Client(ctx)
+}
+
+func shortDir(prefix, seed string) string {
+	h := uint32(2166136261)
+	for i := 0; i < len(seed); i++ {
+		h = (h ^ uint32(seed[i])) * 16777619
+	}
+	return fmt.Sprintf("%s%08x", prefix, h)
+}
