@@ -123,7 +123,14 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 	// session means a new host is on the other end of a channel that never
 	// closed (a microVM's serial port after a restore): the calls of the
 	// old session are cancelled and a new session starts.
-	callCtx, cancelCalls := context.WithCancel(ctx)
+	cancelCalls := func() {}
+	session := func() context.Context {
+		cancelCalls()
+		c, cancel := context.WithCancel(ctx)
+		cancelCalls = cancel
+		return c
+	}
+	callCtx := session()
 	defer func() { cancelCalls() }()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -136,8 +143,7 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 			return err
 		}
 		if f.Type == proto.TypeHello {
-			cancelCalls()
-			callCtx, cancelCalls = context.WithCancel(ctx)
+			callCtx = session()
 			if err := handshake(f); err != nil {
 				return err
 			}

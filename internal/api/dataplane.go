@@ -94,7 +94,7 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 		d.fail(w, r, err)
 		return
 	}
-	if _, err := ag.StartProcess(ctx, sid); err != nil {
+	if _, err := ag.GetProcess(ctx, sid); err != nil {
 		d.fail(w, r, commands.AgentError("start process", err))
 		return
 	}
@@ -120,8 +120,10 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 	if err := flush(); err != nil {
 		return
 	}
-	err = d.cmds.Follow(ctx, sbx, sid, after, d.Keepalive, func(ev commands.Event) error {
+	err = d.cmds.Follow(ctx, sbx, sid, after, d.Keepalive, true, func(ev commands.Event) error {
 		switch {
+		case ev.Started != nil:
+			return nil
 		case ev.Resync:
 			sse.jsonEvent(eventID(ev.ResumeAt), "resync_required", map[string]any{
 				"message": "output after the requested event is no longer retained; what follows is the retained output",

@@ -31,6 +31,8 @@ type Event struct {
 	Exited *proto.Process
 	// Quiet: nothing happened during the wait; a keepalive is due.
 	Quiet bool
+	// Started: Follow started the process (start=true); its status.
+	Started *proto.Process
 }
 
 // FollowAll, as the after of Follow, asks for no chunk: the agent answers
@@ -44,7 +46,11 @@ const FollowAll = math.MaxUint64
 // (pause, suspend, delete) Follow returns an error: the stream is
 // incomplete and the caller resumes later from the last Seq it saw. Follow
 // keeps the sandbox awake while it runs.
-func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after uint64, wait time.Duration, emit func(Event) error) error {
+//
+// With start, Follow starts the (pending) process once its reader is
+// registered, so not a byte of its output can be evicted before it is read,
+// and emits a Started event first.
+func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after uint64, wait time.Duration, start bool, emit func(Event) error) error {
 	ag, _, err := s.cfg.Agents.Agent(ctx, sandboxID)
 	if err != nil {
 		return err
@@ -53,7 +59,24 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 	defer release()
 	sub := newSubscriber()
 	for {
-		out, err := ag.ReadOutput(ctx, processID, after, 1<<20, wait, sub)
+		w := wait
+		if start {
+			w = 0 // registers this reader with the output window
+		}
+		out, err := ag.ReadOutput(ctx, processID, after, 1<<20, w, sub)
+		if err == nil && start {
+			start = false
+			p, err := ag.StartProcess(ctx, processID)
+			if err != nil {
+				return AgentError("start process", err)
+			}
+			if err := emit(Event{Started: &p}); err != nil {
+				return err
+			}
+			if out.Exited == nil && len(out.Chunks) == 0 && !out.Resync {
+				continue
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -52,14 +52,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 	if err != nil {
 		return err
 	}
-	proc, err := sc.agent.StartProcess(ctx, sess.ProcessID)
-	if err != nil {
-		return commands.AgentError("start process", err)
-	}
-	if err := stream.Send(&pb.StartResponse{Event: startEvent(proc.PID)}); err != nil {
-		return err
-	}
-	return p.follow(ctx, sc.sb.ID, sess.ProcessID, creq.PTY != nil, func(ev *pb.ProcessEvent) error {
+	return p.follow(ctx, sc.sb.ID, sess.ProcessID, true, creq.PTY != nil, func(ev *pb.ProcessEvent) error {
 		return stream.Send(&pb.StartResponse{Event: ev})
 	})
 }
@@ -68,10 +61,13 @@ func startEvent(pid int) *pb.ProcessEvent {
 	return &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(pid)}}}
 }
 
-// follow streams a process's output as envd events until it ends.
-func (p *processService) follow(ctx context.Context, sandboxID, processID string, pty bool, send func(*pb.ProcessEvent) error) error {
-	err := p.s.cfg.Commands.Follow(ctx, sandboxID, processID, 0, p.s.cfg.Keepalive, func(ev commands.Event) error {
+// follow streams a process's output as envd events until it ends; with
+// start it starts the process and sends its start event first.
+func (p *processService) follow(ctx context.Context, sandboxID, processID string, start, pty bool, send func(*pb.ProcessEvent) error) error {
+	err := p.s.cfg.Commands.Follow(ctx, sandboxID, processID, 0, p.s.cfg.Keepalive, start, func(ev commands.Event) error {
 		switch {
+		case ev.Started != nil:
+			return send(startEvent(ev.Started.PID))
 		case ev.Resync:
 			return nil
 		case ev.Quiet:
@@ -160,7 +156,7 @@ func (p *processService) Connect(ctx context.Context, req *connect.Request[pb.Co
 	if err := stream.Send(&pb.ConnectResponse{Event: startEvent(pr.PID)}); err != nil {
 		return err
 	}
-	return p.follow(ctx, sandboxFrom(ctx).sb.ID, pr.ID, pr.PTY, func(ev *pb.ProcessEvent) error {
+	return p.follow(ctx, sandboxFrom(ctx).sb.ID, pr.ID, false, pr.PTY, func(ev *pb.ProcessEvent) error {
 		return stream.Send(&pb.ConnectResponse{Event: ev})
 	})
 }
