@@ -8,6 +8,7 @@ export PATH := $(PATH):/usr/local/go/bin
 ifneq ($(CI),)
 export SPACE_REQUIRE_GVISOR ?= 1
 export SPACE_REQUIRE_E2B_SDK ?= 1
+export SPACE_REQUIRE_VM ?= 1
 endif
 
 .PHONY: deps build serve test test-go fuzz-smoke vet

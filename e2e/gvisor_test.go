@@ -12,6 +12,43 @@ import (
 	"time"
 )
 
+// realRuntimes are the runtimes that run real sandboxes; in CI both must.
+func realRuntimes(t *testing.T) []string {
+	t.Helper()
+	var rts []string
+	for _, rt := range e2eRuntimes(t) {
+		if rt != "fake" {
+			rts = append(rts, rt)
+		}
+	}
+	if len(rts) == 0 {
+		t.Skip("no real runtime here")
+	}
+	return rts
+}
+
+// TestRealRuntimes runs the suites that need real sandboxes on every real
+// runtime: gVisor, and QEMU microVMs (TCG here, KVM in production).
+func TestRealRuntimes(t *testing.T) {
+	suite := []struct {
+		name string
+		fn   func(*testing.T, string)
+	}{
+		{"ProcessSurvivesSuspendWake", testProcessSurvivesSuspendWake},
+		{"ServerKilledSandboxesSurvive", testServerKilledSandboxesSurvive},
+		{"DeleteLeavesNothing", testDeleteLeavesNothing},
+		{"PathsStayInsideAndSandboxesIndependent", testPathsStayInside},
+		{"BenchQuick", testBenchQuick},
+	}
+	for _, rt := range realRuntimes(t) {
+		t.Run(rt, func(t *testing.T) {
+			for _, tc := range suite {
+				t.Run(tc.name, func(t *testing.T) { tc.fn(t, rt) })
+			}
+		})
+	}
+}
+
 // lifecycle drives one lifecycle step through the API and waits for it.
 func (s *server) lifecycle(sbx, action, want string) {
 	s.t.Helper()
@@ -31,9 +68,8 @@ func (s *server) lifecycle(sbx, action, want string) {
 // A process started before pause and three suspend/wake cycles keeps
 // running; its stream continues from Last-Event-ID with no gap or repeat;
 // files written before are still there.
-func TestGVisorProcessSurvivesSuspendWake(t *testing.T) {
-	requireGVisor(t)
-	s := startRuntimeServer(t, "gvisor")
+func testProcessSurvivesSuspendWake(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	sbx := s.createRunning()
 	s.do("PUT", "/v1/sandboxes/"+sbx+"/files?path=/root/before.txt", s.token, []byte("written before suspend"))
 	sess := s.command(sbx, map[string]any{"command": []string{"sh", "-c", "i=0; while [ $i -lt 60 ]; do echo tick-$i; i=$((i+1)); sleep 0.1; done"}})
@@ -81,9 +117,8 @@ func TestGVisorProcessSurvivesSuspendWake(t *testing.T) {
 
 // SIGKILL of the server while sandboxes run, paused and suspended: after a
 // restart every one is usable.
-func TestGVisorServerKilledSandboxesSurvive(t *testing.T) {
-	requireGVisor(t)
-	s := startRuntimeServer(t, "gvisor")
+func testServerKilledSandboxesSurvive(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	running, paused, suspended := s.createRunning(), s.createRunning(), s.createRunning()
 	s.lifecycle(paused, "pause", "paused")
 	s.lifecycle(suspended, "suspend", "suspended")
@@ -102,9 +137,8 @@ func TestGVisorServerKilledSandboxesSurvive(t *testing.T) {
 }
 
 // After delete nothing of the sandbox is left on the host.
-func TestGVisorDeleteLeavesNothing(t *testing.T) {
-	requireGVisor(t)
-	s := startRuntimeServer(t, "gvisor")
+func testDeleteLeavesNothing(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	for _, final := range []string{"running", "paused", "suspended"} {
 		sbx := s.createRunning()
 		s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "echo x > /root/f"}})
@@ -124,16 +158,20 @@ func TestGVisorDeleteLeavesNothing(t *testing.T) {
 		if b, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(b, []byte(sbx)) {
 			t.Fatalf("%s: a mount remains", final)
 		}
-		if m, _ := filepath.Glob("/sys/fs/cgroup/*/space/" + sbx); len(m) > 0 {
+		m, _ := filepath.Glob("/sys/fs/cgroup/*/space*/" + sbx)
+		m2, _ := filepath.Glob("/sys/fs/cgroup/space*/" + sbx)
+		if m = append(m, m2...); len(m) > 0 {
 			t.Fatalf("%s: cgroups remain: %v", final, m)
 		}
 		var left []string
-		filepath.Walk(s.dataDir, func(p string, fi os.FileInfo, err error) error {
-			if strings.Contains(p, sbx) {
-				left = append(left, p)
-			}
-			return nil
-		})
+		for _, root := range []string{s.dataDir, "/run"} {
+			filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+				if strings.Contains(p, sbx) {
+					left = append(left, p)
+				}
+				return nil
+			})
+		}
 		if len(left) > 0 {
 			t.Fatalf("%s: files remain: %v", final, left)
 		}
@@ -142,9 +180,8 @@ func TestGVisorDeleteLeavesNothing(t *testing.T) {
 
 // Paths and symlinks inside a gVisor sandbox resolve inside it: a symlink
 // to / reads the sandbox's files, never the host's.
-func TestGVisorPathsStayInside(t *testing.T) {
-	requireGVisor(t)
-	s := startRuntimeServer(t, "gvisor")
+func testPathsStayInside(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	if r := s.do("GET", "/v1/templates", s.token, nil); r.status != 200 || !bytes.Contains(r.body, []byte(`"name":"test"`)) {
 		t.Fatalf("templates = %d %s", r.status, r.body)
 	}
@@ -176,16 +213,17 @@ func TestGVisorPathsStayInside(t *testing.T) {
 	other := s.createRunning()
 	a, _ := s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "hostname; head -c 16 /dev/urandom | od -An -tx1"}})
 	b, _ := s.runCommand(other, map[string]any{"command": []string{"sh", "-c", "hostname; head -c 16 /dev/urandom | od -An -tx1; cat /etc/marker"}})
-	if bytes.Equal(a.stdout, b.stdout) || bytes.Contains(b.stdout, []byte("inside")) {
-		t.Fatalf("sandboxes not independent:\n%s\n%s", a.stdout, b.stdout)
+	al, bl := strings.SplitN(string(a.stdout), "\n", 3), strings.SplitN(string(b.stdout), "\n", 3)
+	if len(al) < 2 || len(bl) < 3 || al[0] == bl[0] || al[1] == bl[1] || strings.Contains(bl[2], "inside") ||
+		!strings.HasPrefix(al[0], "sbx-") || !strings.HasPrefix(bl[0], "sbx-") {
+		t.Fatalf("sandboxes not independent (hostname, random bytes, a file):\n%s\n%s", a.stdout, b.stdout)
 	}
 	_ = time.Second
 }
 
 // `space bench --quick` measures every row through the public API.
-func TestBenchQuickGVisor(t *testing.T) {
-	requireGVisor(t)
-	s := startRuntimeServer(t, "gvisor")
+func testBenchQuick(t *testing.T, rt string) {
+	s := startRuntimeServer(t, rt)
 	out := filepath.Join(t.TempDir(), "bench.json")
 	stdout, stderr, code := s.runCLIWith(spaceBin, "bench", "--quick", "--template", "test:latest", "--json-out", out)
 	if code != 0 {
@@ -203,7 +241,7 @@ func TestBenchQuickGVisor(t *testing.T) {
 			P50  float64
 		}
 	}
-	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != "gvisor" || len(rep.Rows) != 8 {
+	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != rt || len(rep.Rows) != 8 {
 		t.Fatalf("report = %s (%v)", b, err)
 	}
 	for _, r := range rep.Rows {

@@ -62,7 +62,7 @@ func TestMain(m *testing.M) {
 	// Tests must leave no sandbox behind on the host.
 	for pid, cmd := range runscSandboxes() {
 		if _, ok := before[pid]; !ok {
-			fmt.Fprintf(os.Stderr, "e2e: leaked gVisor sandbox process %d: %s\n", pid, cmd)
+			fmt.Fprintf(os.Stderr, "e2e: leaked sandbox process (gVisor or QEMU) %d: %s\n", pid, cmd)
 			code = 1
 		}
 	}
@@ -336,13 +336,14 @@ func (s *server) runCLIWith(bin string, args ...string) (string, string, int) {
 	return out.String(), errb.String(), code
 }
 
-// runscSandboxes lists the runsc sandbox processes on the host.
+// runscSandboxes lists the sandbox processes (runsc sandboxes and SPACE's
+// QEMUs) on the host.
 func runscSandboxes() map[int]string {
 	out := map[int]string{}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, _ := os.ReadFile(p)
-		if bytes.HasPrefix(b, []byte("runsc-sandbox")) {
+		if bytes.HasPrefix(b, []byte("runsc-sandbox")) || (bytes.Contains(b, []byte("qemu-system")) && bytes.Contains(b, []byte("space-sbx_"))) {
 			var pid int
 			fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid)
 			out[pid] = strings.ReplaceAll(string(b), "\x00", " ")

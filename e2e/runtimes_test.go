@@ -40,9 +40,25 @@ func gvisorAvailable() (bool, string) {
 	return gvisorWhy == "", gvisorWhy
 }
 
+// vmAvailable reports whether the vm runtime can run here (QEMU, the guest
+// kernel, root).
+func vmAvailable() (bool, string) {
+	switch {
+	case os.Geteuid() != 0:
+		return false, "the vm runtime needs root"
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		return false, "qemu-system-x86_64 is not installed"
+	}
+	if _, err := os.Stat("/usr/local/lib/space/guest/vmlinuz"); err != nil {
+		return false, "no guest kernel in /usr/local/lib/space/guest"
+	}
+	return true, ""
+}
+
 // e2eRuntimes lists the runtimes the suites run on here. With
-// SPACE_REQUIRE_GVISOR=1 (CI), gVisor missing fails the test instead of
-// being skipped.
+// SPACE_REQUIRE_GVISOR=1 / SPACE_REQUIRE_VM=1 (CI), a runtime missing fails
+// the test instead of being skipped.
 func e2eRuntimes(t *testing.T) []string {
 	rts := []string{"fake"}
 	if ok, why := gvisorAvailable(); ok {
@@ -52,7 +68,25 @@ func e2eRuntimes(t *testing.T) []string {
 	} else {
 		t.Logf("gvisor runtime not tested here: %s", why)
 	}
+	if ok, why := vmAvailable(); ok {
+		rts = append(rts, "vm")
+	} else if os.Getenv("SPACE_REQUIRE_VM") == "1" {
+		t.Fatalf("SPACE_REQUIRE_VM=1 but the vm runtime cannot run: %s", why)
+	} else {
+		t.Logf("vm runtime not tested here: %s", why)
+	}
 	return rts
+}
+
+// requireVM skips (or, in CI, fails) a vm-only test.
+func requireVM(t *testing.T) {
+	t.Helper()
+	if ok, why := vmAvailable(); !ok {
+		if os.Getenv("SPACE_REQUIRE_VM") == "1" {
+			t.Fatalf("SPACE_REQUIRE_VM=1 but the vm runtime cannot run: %s", why)
+		}
+		t.Skipf("the vm runtime cannot run here: %s", why)
+	}
 }
 
 // requireGVisor skips (or, in CI, fails) a gVisor-only test.
@@ -115,7 +149,7 @@ func killGVisorLeftovers(dataDir string) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, _ := os.ReadFile(p)
-		if strings.Contains(string(b), dataDir) && strings.Contains(string(b), "runsc") {
+		if strings.Contains(string(b), dataDir) && (strings.Contains(string(b), "runsc") || strings.Contains(string(b), "qemu")) {
 			var pid int
 			fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid)
 			if pid > 1 {

@@ -11,6 +11,7 @@ import (
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/gvisor"
+	"github.com/spacesandbox/space/internal/runtime/vm"
 	"github.com/spacesandbox/space/internal/server"
 	"github.com/spacesandbox/space/internal/templates"
 )
@@ -27,23 +28,85 @@ func host(ctx context.Context, cfg *config.Serve, log *slog.Logger) (server.Host
 	}
 	h := server.Host{Templates: store, TemplateStore: store}
 	switch cfg.Runtime {
-	case "auto", "gvisor":
-	case "vm":
-		return server.Host{}, fmt.Errorf("runtime vm is not implemented in this build yet")
+	case "auto", "gvisor", "vm":
 	default:
 		return server.Host{}, fmt.Errorf("unknown runtime %q (want auto, vm or gvisor)", cfg.Runtime)
 	}
-	rt, why := newGVisor(ctx, cfg, store, log)
-	if rt == nil {
-		if cfg.Runtime == "gvisor" {
-			return server.Host{}, fmt.Errorf("runtime gvisor unavailable: %s", why)
+	var gv, vmrt runtime.Runtime
+	var gvWhy, vmWhy string
+	if cfg.Runtime != "vm" {
+		gv, gvWhy = newGVisor(ctx, cfg, store, log)
+		if gv == nil && cfg.Runtime == "gvisor" {
+			return server.Host{}, fmt.Errorf("runtime gvisor unavailable: %s", gvWhy)
 		}
-		log.Warn("no sandbox runtime available on this host", "gvisor", why, "vm", "not implemented yet")
+	}
+	kvm := false
+	if cfg.Runtime != "gvisor" {
+		var accel string
+		vmrt, accel, vmWhy = newVM(ctx, cfg, store, log)
+		if vmrt == nil && cfg.Runtime == "vm" {
+			return server.Host{}, fmt.Errorf("runtime vm unavailable: %s", vmWhy)
+		}
+		kvm = accel == "kvm"
+	}
+	// Every runtime that works is offered; the default is a microVM where
+	// KVM runs it, else gVisor (TCG emulation is correct but slow).
+	switch {
+	case vmrt != nil && (kvm || gv == nil):
+		h.Runtimes, h.Default = append(h.Runtimes, vmrt), vm.Name
+	case gv != nil:
+		h.Runtimes, h.Default = append(h.Runtimes, gv), gvisor.Name
+	}
+	if vmrt != nil && h.Default != vm.Name {
+		h.Runtimes = append(h.Runtimes, vmrt)
+	}
+	if gv != nil && h.Default != gvisor.Name {
+		h.Runtimes = append(h.Runtimes, gv)
+	}
+	if len(h.Runtimes) == 0 {
+		log.Warn("no sandbox runtime available on this host", "gvisor", gvWhy, "vm", vmWhy)
 		return h, nil
 	}
-	log.Info("runtime gvisor selected", "why", "the vm runtime is not implemented yet; gVisor runs here at full speed", "detail", rt.Capabilities().Detail)
-	h.Runtimes = []runtime.Runtime{rt}
+	for _, r := range h.Runtimes {
+		log.Info("runtime available", "runtime", r.Name(), "default", r.Name() == h.Default, "detail", r.Capabilities().Detail)
+	}
+	if gv == nil && gvWhy != "" {
+		log.Info("runtime gvisor not offered", "why", gvWhy)
+	}
+	if vmrt == nil && vmWhy != "" {
+		log.Info("runtime vm not offered", "why", vmWhy)
+	}
 	return h, nil
+}
+
+// newVM returns the vm runtime and its acceleration, or nil and the reason
+// it cannot run.
+func newVM(ctx context.Context, cfg *config.Serve, store *templates.Store, log *slog.Logger) (runtime.Runtime, string, string) {
+	qemu, err := exec.LookPath(cfg.QEMU)
+	if err != nil {
+		return nil, "", "QEMU not found (make deps installs qemu-system-x86)"
+	}
+	if _, err := os.Stat(cfg.VMKernel); err != nil {
+		return nil, "", "no guest kernel at " + cfg.VMKernel + " (make deps unpacks it)"
+	}
+	if os.Geteuid() != 0 {
+		return nil, "", "the vm runtime needs root"
+	}
+	agent, err := agentBinary(cfg)
+	if err != nil {
+		return nil, "", err.Error()
+	}
+	accel := cfg.VMAccel
+	if accel == "auto" {
+		accel = ""
+	}
+	rt, err := vm.New(ctx, vm.Config{QEMU: qemu, Kernel: cfg.VMKernel, Modules: cfg.VMModules, AgentBin: agent,
+		Dir: filepath.Join(cfg.DataDir, server.RuntimeDir, "vm"), Templates: store, Accel: accel, Logger: log})
+	if err != nil {
+		return nil, "", err.Error()
+	}
+	a, _ := rt.Accel()
+	return rt, a, ""
 }
 
 // newGVisor returns the gvisor runtime, or nil and the reason it cannot run.

@@ -39,6 +39,12 @@ type Serve struct {
 	AttachTokenTTL time.Duration
 	// Runsc is the runsc binary ("" = from PATH).
 	Runsc string
+	// QEMU, VMKernel and VMModules are the vm runtime's QEMU binary, guest
+	// kernel and its module tree; VMAccel is kvm, tcg or auto.
+	QEMU      string
+	VMKernel  string
+	VMModules string
+	VMAccel   string
 	// AgentBin is the static space-agent binary ("" = beside space, or PATH).
 	AgentBin string
 	// BuildSeed builds seed:latest on start when it is missing.
@@ -73,6 +79,10 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.TLSKey, "tls-key", "", "TLS private key file")
 	str(&s.Runtime, "runtime", "auto", "sandbox runtime: auto, vm or gvisor")
 	str(&s.Runsc, "runsc", "", "runsc binary for the gvisor runtime (default: from PATH)")
+	str(&s.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary for the vm runtime")
+	str(&s.VMKernel, "vm-kernel", "/usr/local/lib/space/guest/vmlinuz", "guest kernel of the vm runtime (make deps unpacks Debian's cloud kernel there)")
+	str(&s.VMModules, "vm-modules", "/usr/local/lib/space/guest/modules", "the guest kernel's module tree")
+	str(&s.VMAccel, "vm-accel", "auto", "vm acceleration: auto (kvm where a probe guest boots, else tcg), kvm or tcg")
 	str(&s.AgentBin, "agent-bin", "", "static space-agent binary (default: beside the space binary, else from PATH)")
 	buildSeed := os.Getenv(EnvName("build-seed")) != "false"
 	fs.BoolVar(&s.BuildSeed, "build-seed", buildSeed, "build the seed:latest template on start when it is missing (env "+EnvName("build-seed")+")")
@@ -125,6 +135,11 @@ func (s *Serve) Validate() error {
 		if !loop && s.TLSCert == "" {
 			errs = append(errs, fmt.Errorf("%s %s is not a loopback address: plain HTTP is only allowed on loopback; give --tls-cert and --tls-key", name, addr))
 		}
+	}
+	switch s.VMAccel {
+	case "auto", "kvm", "tcg":
+	default:
+		errs = append(errs, fmt.Errorf("--vm-accel %q: want auto, kvm or tcg", s.VMAccel))
 	}
 	switch s.LogFormat {
 	case "auto", "text", "json":
