@@ -89,25 +89,11 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 	sid, sbx := p["session_id"], p["sandbox_id"]
 	ctx := r.Context()
-	ag, _, err := d.cmds.Agents().Agent(ctx, sbx)
-	if err != nil {
-		d.fail(w, r, err)
-		return
-	}
-	if _, err := ag.GetProcess(ctx, sid); err != nil {
-		d.fail(w, r, commands.AgentError("start process", err))
-		return
-	}
 	last := parseLastEventID(r.Header.Get("Last-Event-ID"))
 	after := last.after
 	if last.resync {
 		after = commands.FollowAll
 	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	bw := bufio.NewWriterSize(w, 256<<10)
 	sse := &sseWriter{w: bw}
@@ -117,13 +103,20 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 		}
 		return rc.Flush()
 	}
-	if err := flush(); err != nil {
-		return
-	}
-	err = d.cmds.Follow(ctx, sbx, sid, after, d.Keepalive, true, func(ev commands.Event) error {
+	// The answer starts once the process has started (the first event is
+	// Started), so a client holding the response knows its process runs;
+	// a failure before that is an ordinary error response.
+	started := false
+	err := d.cmds.Follow(ctx, sbx, sid, after, d.Keepalive, true, func(ev commands.Event) error {
 		switch {
 		case ev.Started != nil:
-			return nil
+			h := w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-store")
+			h.Set("X-Accel-Buffering", "no")
+			w.WriteHeader(http.StatusOK)
+			started = true
+			return flush()
 		case ev.Resync:
 			sse.jsonEvent(eventID(ev.ResumeAt), "resync_required", map[string]any{
 				"message": "output after the requested event is no longer retained; what follows is the retained output",
@@ -151,7 +144,11 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 		}
 		return nil
 	})
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case !started:
+		d.fail(w, r, err)
+	default:
 		// The sandbox stopped running: the stream ends without a terminal
 		// event, and the client reconnects with Last-Event-ID after wake.
 		d.log.Info("event stream ends: agent unavailable", "session_id", sid, "sandbox_id", sbx, "err", err)
