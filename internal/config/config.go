@@ -49,6 +49,9 @@ type Serve struct {
 	AgentBin string
 	// BuildSeed builds seed:latest on start when it is missing.
 	BuildSeed bool
+	// WarmPools are default warm-pool sizes, "name:tag=N,…", for templates
+	// no one set a pool for through the API.
+	WarmPools string
 	// IdleTimeout and IdleAction are the default idle policy of sandboxes
 	// that name none; SuspendPausedAfter suspends long-paused ones.
 	IdleTimeout        time.Duration
@@ -95,6 +98,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&s.MaxSandboxes, "max-sandboxes", maxSbx, "most sandboxes active at once; 0 for no cap (env "+EnvName("max-sandboxes")+")")
 	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
 	dur(&s.OperationTimeout, "operation-timeout", 10*time.Minute, "upper bound of one lifecycle operation")
+	str(&s.WarmPools, "warm-pools", "", "default warm pools, like \"seed:latest=2,test:latest=1\" (PUT /v1/warm-pools overrides)")
 	dur(&s.IdleTimeout, "idle-timeout", 10*time.Minute, "default idle timeout of sandboxes that name none")
 	str(&s.IdleAction, "idle-action", "none", "default idle action: none, pause or suspend")
 	dur(&s.SuspendPausedAfter, "suspend-paused-after", 0, "suspend sandboxes paused longer than this (0: never)")
@@ -135,6 +139,9 @@ func (s *Serve) Validate() error {
 		if !loop && s.TLSCert == "" {
 			errs = append(errs, fmt.Errorf("%s %s is not a loopback address: plain HTTP is only allowed on loopback; give --tls-cert and --tls-key", name, addr))
 		}
+	}
+	if _, err := s.WarmPoolSizes(); err != nil {
+		errs = append(errs, err)
 	}
 	switch s.VMAccel {
 	case "auto", "kvm", "tcg":
@@ -189,4 +196,24 @@ func Loopback(addr string) (bool, error) {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback(), nil
+}
+
+// WarmPoolSizes parses --warm-pools.
+func (s *Serve) WarmPoolSizes() (map[string]int, error) {
+	out := map[string]int{}
+	if strings.TrimSpace(s.WarmPools) == "" {
+		return out, nil
+	}
+	for _, item := range strings.Split(s.WarmPools, ",") {
+		ref, n, ok := strings.Cut(strings.TrimSpace(item), "=")
+		var size int
+		if _, err := fmt.Sscan(n, &size); !ok || err != nil || ref == "" || size < 0 || size > 100 {
+			return nil, fmt.Errorf("--warm-pools %q: want name:tag=N (0 to 100), comma-separated", item)
+		}
+		if !strings.Contains(ref, ":") {
+			ref += ":latest"
+		}
+		out[ref] = size
+	}
+	return out, nil
 }

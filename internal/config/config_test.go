@@ -62,3 +62,16 @@ func TestPlainHTTPOnlyOnLoopback(t *testing.T) {
 		}
 	}
 }
+
+func TestWarmPoolSizes(t *testing.T) {
+	s := Serve{WarmPools: "seed:latest=2, test=1"}
+	got, err := s.WarmPoolSizes()
+	if err != nil || got["seed:latest"] != 2 || got["test:latest"] != 1 || len(got) != 2 {
+		t.Fatalf("%v %v", got, err)
+	}
+	for _, bad := range []string{"seed", "seed=x", "seed=-1", "seed=101", "=2"} {
+		if _, err := (&Serve{WarmPools: bad}).WarmPoolSizes(); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}

@@ -53,6 +53,9 @@ type Config struct {
 	DefaultAutoLifecycle sandbox.AutoLifecycle
 	// SuspendPausedAfter suspends sandboxes paused this long (0 = never).
 	SuspendPausedAfter time.Duration
+	// DefaultWarmPools are pool sizes for templates no one set one for
+	// through the API (template reference → ready sandboxes).
+	DefaultWarmPools map[string]int
 	// IdleInterval is how often the idle policy is applied (default 1 s).
 	IdleInterval time.Duration
 	// OperationTimeout bounds one operation (default 10 minutes).

@@ -211,3 +211,45 @@ func TestWarmPoolConcurrentClaims(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A server-default pool fills without any API call; a pool set through the
+// API (even to 0) overrides it.
+func TestDefaultWarmPool(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, _ := fakeruntime.New(fakeruntime.Config{Dir: filepath.Join(dir, "fake")})
+	eng, err := lifecycle.New(lifecycle.Config{Store: st, Runtimes: []runtime.Runtime{rt}, Templates: fakeruntime.Templates{},
+		SnapshotRoot: dir, DefaultWarmPools: map[string]int{"seed:latest": 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start(context.Background())
+	w := &world{dir: dir, store: st, rt: rt, eng: eng}
+	t.Cleanup(w.close)
+	ctx := context.Background()
+	poolIs := func(ready int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			wp, _ := eng.WarmPool(ctx, "seed:latest")
+			if wp.Ready == ready && wp.Starting == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pool = %+v, want %d ready", wp, ready)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if wp, _ := eng.WarmPool(ctx, "seed:latest"); wp.MinReady != 2 {
+		t.Fatalf("default pool setting = %+v", wp)
+	}
+	poolIs(2)
+	if _, err := eng.SetWarmPool(ctx, "seed:latest", 0); err != nil {
+		t.Fatal(err)
+	}
+	poolIs(0)
+}

@@ -45,6 +45,21 @@ func (e *Engine) SetWarmPool(ctx context.Context, template string, minReady int)
 	return e.WarmPool(ctx, template)
 }
 
+// warmPools is every pool's size: what was set through the API, and the
+// server's defaults for templates nobody set one for.
+func (e *Engine) warmPools(ctx context.Context) (map[string]int, error) {
+	pools, err := e.store.WarmPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for ref, n := range e.cfg.DefaultWarmPools {
+		if _, set := pools[ref]; !set {
+			pools[ref] = n
+		}
+	}
+	return pools, nil
+}
+
 // WarmPool is a pool's setting and how many sandboxes are ready in it.
 type WarmPool struct {
 	Template string `json:"template"`
@@ -55,7 +70,7 @@ type WarmPool struct {
 
 // WarmPool reports a template's pool.
 func (e *Engine) WarmPool(ctx context.Context, template string) (WarmPool, error) {
-	pools, err := e.store.WarmPools(ctx)
+	pools, err := e.warmPools(ctx)
 	if err != nil {
 		return WarmPool{}, err
 	}
@@ -143,7 +158,7 @@ func (e *Engine) refill(ctx context.Context) {
 	if e.Ready() != nil {
 		return
 	}
-	pools, err := e.store.WarmPools(ctx)
+	pools, err := e.warmPools(ctx)
 	if err != nil {
 		return
 	}

@@ -99,8 +99,13 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	m := metrics.New()
 	m.WatchSandboxes(st)
+	pools, err := cfg.WarmPoolSizes()
+	if err != nil {
+		return err
+	}
 	eng, err := lifecycle.New(lifecycle.Config{
-		Store: st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
+		DefaultWarmPools: pools,
+		Store:            st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
 		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Logger: log, Observer: m,
 		OperationTimeout: cfg.OperationTimeout, MaxActiveSandboxes: cfg.MaxSandboxes,
 		DefaultAutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: cfg.IdleTimeout.String(), IdleAction: cfg.IdleAction},
