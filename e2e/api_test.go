@@ -70,7 +70,7 @@ func TestServiceEndpointsAndAuthentication(t *testing.T) {
 // A server with no runtime (a production build on a host where none works)
 // runs, says it is not ready and why, and refuses creates with 503.
 func TestNoRuntimeIsNotReady(t *testing.T) {
-	s := startServer(t, serverOpts{bin: spaceBin, args: []string{"--runtime", "auto", "--runsc", "/nonexistent/runsc", "--build-seed=false"}})
+	s := startServer(t, serverOpts{bin: spaceBin, args: []string{"--runtime", "auto", "--runsc", "/nonexistent/runsc", "--qemu", "/nonexistent/qemu", "--build-seed=false"}})
 	r := s.do("GET", "/readyz", "", nil)
 	if r.status != 503 || !bytes.Contains(r.body, []byte("no sandbox runtime")) {
 		t.Fatalf("readyz = %d %s", r.status, r.body)
