@@ -16,8 +16,9 @@ import (
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
-// Create boots a new VM: an overlay over the template's image, an empty RAM
-// file, a cold boot to the agent. A half-made sandbox is torn down first.
+// Create makes a sandbox from the template's snapshot (made by booting the
+// template once, on its first create), or boots it cold when no snapshot
+// can be had. A half-made sandbox is torn down first.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	if r.qemuPID(id) != 0 {
@@ -25,8 +26,37 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 			return nil // made by an earlier attempt
 		}
 	}
+	r.reset(ctx, id)
+	if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
+		return err
+	}
+	if !r.cfg.NoTemplateSnapshots {
+		snap, err := r.templateSnapshot(ctx, spec)
+		if err == nil {
+			if err = r.fromSnapshot(ctx, spec, snap); err == nil {
+				return nil
+			}
+		}
+		r.log.Warn("vm: no template snapshot; booting cold", "sandbox_id", id, "err", err)
+		r.reset(ctx, id)
+		if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
+			return err
+		}
+	}
+	return r.boot(ctx, spec)
+}
+
+// reset removes whatever an earlier attempt left of a sandbox.
+func (r *Runtime) reset(ctx context.Context, id string) {
+	r.closeEndpoint(id)
 	r.stopQEMU(ctx, id)
 	os.RemoveAll(r.sandboxDir(id))
+}
+
+// boot makes a sandbox's disk (an overlay over the template's image) and
+// empty RAM file and boots it to a ready agent.
+func (r *Runtime) boot(ctx context.Context, spec runtime.Spec) error {
+	id := spec.SandboxID
 	if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
 		return err
 	}
@@ -96,6 +126,13 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 		}
 		return fmt.Errorf("suspend: %w", runtime.ErrNotFound)
 	}
+	return r.save(ctx, spec)
+}
+
+// save stops the VM, migrates its device state (not its RAM, which is the
+// RAM file) to statePath, ends QEMU and flushes RAM file, disk and state.
+func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
+	id := spec.SandboxID
 	q, err := r.qmp(ctx, id)
 	if err != nil {
 		return err
@@ -163,6 +200,19 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	if _, err := os.Stat(statePath(spec)); err != nil {
 		return fmt.Errorf("restore: no saved state: %w", runtime.ErrNotFound)
 	}
+	if err := r.load(ctx, spec, statePath(spec)); err != nil {
+		return err
+	}
+	// Running again: the saved device state is spent.
+	os.Remove(statePath(spec))
+	return nil
+}
+
+// load starts QEMU waiting for an incoming migration, feeds it the device
+// state in stateFile (RAM is the sandbox's RAM file), lets it run and waits
+// for the agent.
+func (r *Runtime) load(ctx context.Context, spec runtime.Spec, stateFile string) error {
+	id := spec.SandboxID
 	if _, err := r.endpoint(id); err != nil {
 		return err
 	}
@@ -176,7 +226,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 		args any
 	}{
 		{"migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}},
-		{"migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(statePath(spec))}},
+		{"migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(stateFile)}},
 	} {
 		if _, err := q.execute(ctx, c.cmd, c.args); err != nil {
 			return err
@@ -188,12 +238,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	if _, err := q.execute(ctx, "cont", nil); err != nil {
 		return err
 	}
-	if err := r.waitAgent(ctx, id); err != nil {
-		return err
-	}
-	// Running again: the saved device state is spent.
-	os.Remove(statePath(spec))
-	return nil
+	return r.waitAgent(ctx, id)
 }
 
 // Delete ends QEMU and removes every file, socket and cgroup.

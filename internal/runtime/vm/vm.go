@@ -60,8 +60,11 @@ type Config struct {
 	SocketDir string
 	Templates Templates
 	// Accel is "kvm", "tcg" or "" (probe).
-	Accel  string
-	Logger *slog.Logger
+	Accel string
+	// NoTemplateSnapshots boots every sandbox cold instead of starting it
+	// from its template's snapshot.
+	NoTemplateSnapshots bool
+	Logger              *slog.Logger
 }
 
 // Runtime runs sandboxes as QEMU microVMs.
