@@ -119,6 +119,11 @@ func testProcessSurvivesSuspendWake(t *testing.T, rt string) {
 // restart every one is usable.
 func testServerKilledSandboxesSurvive(t *testing.T, rt string) {
 	s := startRuntimeServer(t, rt)
+	// How the runtime runs here is visible (the vm runtime: its acceleration and why).
+	if r := s.do("GET", "/readyz", "", nil); !bytes.Contains(r.body, []byte(`"runtime_details":{"`+rt+`":`)) ||
+		(rt == "vm" && !bytes.Contains(r.body, []byte("accel="))) {
+		t.Fatalf("readyz = %s", r.body)
+	}
 	running, paused, suspended := s.createRunning(), s.createRunning(), s.createRunning()
 	s.lifecycle(paused, "pause", "paused")
 	s.lifecycle(suspended, "suspend", "suspended")

@@ -197,7 +197,8 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) {
 		return
 	}
 	names, def := s.engine.Runtimes()
-	writeJSON(w, r, s.log, http.StatusOK, map[string]any{"status": "ready", "runtimes": names, "default_runtime": def})
+	writeJSON(w, r, s.log, http.StatusOK, map[string]any{"status": "ready", "runtimes": names, "default_runtime": def,
+		"runtime_details": s.engine.RuntimeDetails()})
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, p params) {

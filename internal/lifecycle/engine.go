@@ -172,6 +172,16 @@ func (e *Engine) Runtimes() (names []string, def string) {
 	return names, e.cfg.DefaultRuntime
 }
 
+// RuntimeDetails says how each runtime runs on this host (for example the
+// vm runtime's acceleration and why it was chosen).
+func (e *Engine) RuntimeDetails() map[string]string {
+	out := map[string]string{}
+	for _, r := range e.cfg.Runtimes {
+		out[r.Name()] = r.Capabilities().Detail
+	}
+	return out
+}
+
 // Close stops accepting work, cancels operations in flight and waits for
 // them. Interrupted operations stay recorded as running and are resumed by
 // the next Start.
