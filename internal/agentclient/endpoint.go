@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -127,4 +128,83 @@ func (e *Endpoint) Close() error {
 		os.Remove(e.path)
 	}
 	return err
+}
+
+// Endpoints is a runtime's set of per-sandbox endpoints, each listening at
+// the path socket(id) gives. Safe for concurrent use.
+type Endpoints struct {
+	socket func(id string) string
+	log    *slog.Logger
+
+	mu sync.Mutex // guards m
+	m  map[string]*Endpoint
+}
+
+// NewEndpoints returns an empty set.
+func NewEndpoints(socket func(id string) string, log *slog.Logger) *Endpoints {
+	return &Endpoints{socket: socket, log: log, m: map[string]*Endpoint{}}
+}
+
+// Get returns a sandbox's endpoint, listening first if needed.
+func (s *Endpoints) Get(id string) (*Endpoint, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ep, ok := s.m[id]; ok {
+		return ep, nil
+	}
+	path := s.socket(id)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	ep, err := Listen(path, s.log.With("sandbox_id", id))
+	if err != nil {
+		return nil, err
+	}
+	s.m[id] = ep
+	return ep, nil
+}
+
+// Close stops listening for a sandbox's agent and drops its connection.
+func (s *Endpoints) Close(id string) {
+	s.mu.Lock()
+	ep := s.m[id]
+	delete(s.m, id)
+	s.mu.Unlock()
+	if ep != nil {
+		ep.Close()
+	}
+}
+
+// CloseAll closes every endpoint.
+func (s *Endpoints) CloseAll() {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.m))
+	for id := range s.m {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		s.Close(id)
+	}
+}
+
+// Client returns a sandbox's live agent connection, waiting until ctx ends.
+func (s *Endpoints) Client(ctx context.Context, id string) (*Client, error) {
+	ep, err := s.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	return ep.Client(ctx)
+}
+
+// Wait waits until a sandbox's agent answers a call.
+func (s *Endpoints) Wait(ctx context.Context, id string) error {
+	c, err := s.Client(ctx, id)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Info(ctx); err != nil {
+		return fmt.Errorf("agent of %s: %w", id, err)
+	}
+	return nil
 }

@@ -88,8 +88,7 @@ type Runtime struct {
 	cfg Config
 	log *slog.Logger
 
-	mu        sync.Mutex // guards endpoints
-	endpoints map[string]*agentclient.Endpoint
+	endpoints *agentclient.Endpoints
 
 	// firstStart serialises sandbox starts until runsc has made its shared
 	// network-namespace mount; concurrent first starts would each mount it.
@@ -108,7 +107,9 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, endpoints: map[string]*agentclient.Endpoint{}}, nil
+	r := &Runtime{cfg: cfg, log: cfg.Logger}
+	r.endpoints = agentclient.NewEndpoints(r.socketPath, cfg.Logger)
+	return r, nil
 }
 
 // Probe checks that runsc can start a sandbox on this host, and says why not.
@@ -225,53 +226,13 @@ func (r *Runtime) state(ctx context.Context, spec runtime.Spec) (*containerState
 }
 
 // endpoint returns the sandbox's agent endpoint, listening if needed.
-func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if ep, ok := r.endpoints[id]; ok {
-		return ep, nil
-	}
-	if err := os.MkdirAll(r.socketDir(id), 0o700); err != nil {
-		return nil, err
-	}
-	ep, err := agentclient.Listen(r.socketPath(id), r.log.With("sandbox_id", id))
-	if err != nil {
-		return nil, err
-	}
-	r.endpoints[id] = ep
-	return ep, nil
-}
+func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) { return r.endpoints.Get(id) }
 
-func (r *Runtime) closeEndpoint(id string) {
-	r.mu.Lock()
-	ep := r.endpoints[id]
-	delete(r.endpoints, id)
-	r.mu.Unlock()
-	if ep != nil {
-		ep.Close()
-	}
-}
+func (r *Runtime) closeEndpoint(id string) { r.endpoints.Close(id) }
 
 // waitAgent waits until the agent answers.
-func (r *Runtime) waitAgent(ctx context.Context, id string) error {
-	ep, err := r.endpoint(id)
-	if err != nil {
-		return err
-	}
-	c, err := ep.Client(ctx)
-	if err != nil {
-		return err
-	}
-	if _, err := c.Info(ctx); err != nil {
-		return fmt.Errorf("agent of %s: %w", id, err)
-	}
-	return nil
-}
+func (r *Runtime) waitAgent(ctx context.Context, id string) error { return r.endpoints.Wait(ctx, id) }
 
 func (r *Runtime) Agent(ctx context.Context, spec runtime.Spec) (*agentclient.Client, error) {
-	ep, err := r.endpoint(spec.SandboxID)
-	if err != nil {
-		return nil, err
-	}
-	return ep.Client(ctx)
+	return r.endpoints.Client(ctx, spec.SandboxID)
 }

@@ -40,20 +40,9 @@ func requireGVisor(t *testing.T) string {
 	return runsc
 }
 
-func buildAgent(t *testing.T) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "space-agent")
-	cmd := exec.Command("go", "build", "-o", out, "../../../cmd/space-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build agent: %v\n%s", err, b)
-	}
-	return out
-}
-
 func TestGVisorConformance(t *testing.T) {
 	runsc := requireGVisor(t)
-	agent := buildAgent(t)
+	agent := runtimetest.BuildAgent(t)
 	store, err := templates.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ package runtimetest
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -270,4 +272,16 @@ func testAgentAcrossLifecycle(t *testing.T, h Harness) {
 	if _, _, err := oc.ReadFile(ctxFor(t, h), "/root/kept.txt", 0, 100); err == nil {
 		t.Fatal("a file written in one sandbox is visible in another")
 	}
+}
+
+// BuildAgent builds the static space-agent for a runtime under test.
+func BuildAgent(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "space-agent")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/spacesandbox/space/cmd/space-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build agent: %v\n%s", err, b)
+	}
+	return out
 }

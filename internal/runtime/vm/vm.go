@@ -75,9 +75,10 @@ type Runtime struct {
 	accelWhy  string
 	initramfs string
 
-	mu        sync.Mutex // guards endpoints, qmps, procs
-	endpoints map[string]*agentclient.Endpoint
-	procs     map[string]*exec.Cmd
+	endpoints *agentclient.Endpoints
+
+	mu    sync.Mutex // guards procs
+	procs map[string]*exec.Cmd
 
 	images imageBuilds
 }
@@ -104,7 +105,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("vm: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger, endpoints: map[string]*agentclient.Endpoint{}, procs: map[string]*exec.Cmd{}}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, procs: map[string]*exec.Cmd{}}
+	r.endpoints = agentclient.NewEndpoints(r.agentPath, cfg.Logger)
 	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
 	if err := r.buildInitramfs(); err != nil {
 		return nil, err
@@ -136,17 +138,7 @@ func (r *Runtime) Name() string { return Name }
 
 // Close lets go of every agent channel (the VMs keep running; a new
 // runtime over the same directory re-adopts them).
-func (r *Runtime) Close() {
-	r.mu.Lock()
-	ids := make([]string, 0, len(r.endpoints))
-	for id := range r.endpoints {
-		ids = append(ids, id)
-	}
-	r.mu.Unlock()
-	for _, id := range ids {
-		r.closeEndpoint(id)
-	}
-}
+func (r *Runtime) Close() { r.endpoints.CloseAll() }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
 	return runtime.Capabilities{Pause: true, Suspend: true,
@@ -319,56 +311,21 @@ func (r *Runtime) stopQEMU(ctx context.Context, id string) {
 }
 
 // endpoint returns the sandbox's agent endpoint, listening if needed.
-func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if ep, ok := r.endpoints[id]; ok {
-		return ep, nil
-	}
-	if err := os.MkdirAll(r.socketDir(id), 0o700); err != nil {
-		return nil, err
-	}
-	ep, err := agentclient.Listen(r.agentPath(id), r.log.With("sandbox_id", id))
-	if err != nil {
-		return nil, err
-	}
-	r.endpoints[id] = ep
-	return ep, nil
-}
+func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) { return r.endpoints.Get(id) }
 
-func (r *Runtime) closeEndpoint(id string) {
-	r.mu.Lock()
-	ep := r.endpoints[id]
-	delete(r.endpoints, id)
-	r.mu.Unlock()
-	if ep != nil {
-		ep.Close()
-	}
-}
+func (r *Runtime) closeEndpoint(id string) { r.endpoints.Close(id) }
 
 // waitAgent waits until the agent answers.
 func (r *Runtime) waitAgent(ctx context.Context, id string) error {
-	ep, err := r.endpoint(id)
-	if err != nil {
-		return err
-	}
-	c, err := ep.Client(ctx)
-	if err != nil {
+	if err := r.endpoints.Wait(ctx, id); err != nil {
 		b, _ := os.ReadFile(filepath.Join(r.sandboxDir(id), "console.log"))
-		return fmt.Errorf("agent of %s: %w (console: %s)", id, err, lastLine(string(b)))
-	}
-	if _, err := c.Info(ctx); err != nil {
-		return fmt.Errorf("agent of %s: %w", id, err)
+		return fmt.Errorf("%w (console: %s)", err, lastLine(string(b)))
 	}
 	return nil
 }
 
 func (r *Runtime) Agent(ctx context.Context, spec runtime.Spec) (*agentclient.Client, error) {
-	ep, err := r.endpoint(spec.SandboxID)
-	if err != nil {
-		return nil, err
-	}
-	return ep.Client(ctx)
+	return r.endpoints.Client(ctx, spec.SandboxID)
 }
 
 func shortDir(prefix, seed string) string {

@@ -43,22 +43,11 @@ func requireVM(t *testing.T) (qemu string) {
 	return qemu
 }
 
-func buildAgent(t *testing.T) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "space-agent")
-	cmd := exec.Command("go", "build", "-o", out, "../../../cmd/space-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build agent: %v\n%s", err, b)
-	}
-	return out
-}
-
 // The conformance suite on real QEMU microVMs (TCG where KVM cannot boot
 // the guest, as on this project's PVM build hosts).
 func TestVMConformance(t *testing.T) {
 	qemu := requireVM(t)
-	agent := buildAgent(t)
+	agent := runtimetest.BuildAgent(t)
 	store, err := templates.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
