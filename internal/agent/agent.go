@@ -214,13 +214,16 @@ func (a *Agent) dispatch(ctx context.Context, c proto.Call, blob []byte) (any, [
 		st, err := a.create(p)
 		return st, nil, err
 	case proto.MethodProcStart:
-		p, err := decode[proto.ProcessRef](c.Params)
+		p, err := decode[proto.StartRequest](c.Params)
 		if err != nil {
 			return nil, nil, err
 		}
 		proc, err := a.lookup(p.ID)
 		if err != nil {
 			return nil, nil, err
+		}
+		if p.Subscriber != "" {
+			proc.out.hold(p.Subscriber, p.After)
 		}
 		a.start(proc)
 		return proc.status(), nil, nil

@@ -98,6 +98,19 @@ func (r *ring) close() {
 	r.mu.Unlock()
 }
 
+// hold registers a reader that has read up to after: output it has not
+// read is kept (the producer waits) until it reads or goes idle.
+func (r *ring) hold(sub string, after uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.subs[sub]
+	if s == nil {
+		s = &subscriber{}
+		r.subs[sub] = s
+	}
+	s.acked, s.seen = after, time.Now()
+}
+
 // read returns chunks after `after`, up to maxBytes (at least one chunk),
 // waiting up to wait for some. exhausted is true when every chunk has been
 // returned and no more will come.

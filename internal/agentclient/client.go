@@ -218,7 +218,12 @@ func (c *Client) CreateProcess(ctx context.Context, spec proto.ProcessSpec) (pro
 
 // StartProcess starts a pending process (no-op if already started).
 func (c *Client) StartProcess(ctx context.Context, id string) (proto.Process, error) {
-	p, _, err := call[proto.Process](ctx, c, proto.MethodProcStart, proto.ProcessRef{ID: id}, nil)
+	return c.StartProcessFor(ctx, proto.StartRequest{ID: id})
+}
+
+// StartProcessFor starts a process with its first reader registered.
+func (c *Client) StartProcessFor(ctx context.Context, req proto.StartRequest) (proto.Process, error) {
+	p, _, err := call[proto.Process](ctx, c, proto.MethodProcStart, req, nil)
 	return p, err
 }
 

@@ -58,25 +58,18 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 	release := s.cfg.Agents.Attached(sandboxID)
 	defer release()
 	sub := newSubscriber()
+	if start {
+		// The agent registers this reader before it starts the process.
+		p, err := ag.StartProcessFor(ctx, proto.StartRequest{ID: processID, Subscriber: sub, After: min(after, FollowAll-1)})
+		if err != nil {
+			return AgentError("start process", err)
+		}
+		if err := emit(Event{Started: &p}); err != nil {
+			return err
+		}
+	}
 	for {
-		w := wait
-		if start {
-			w = 0 // registers this reader with the output window
-		}
-		out, err := ag.ReadOutput(ctx, processID, after, 1<<20, w, sub)
-		if err == nil && start {
-			start = false
-			p, err := ag.StartProcess(ctx, processID)
-			if err != nil {
-				return AgentError("start process", err)
-			}
-			if err := emit(Event{Started: &p}); err != nil {
-				return err
-			}
-			if out.Exited == nil && len(out.Chunks) == 0 && !out.Resync {
-				continue
-			}
-		}
+		out, err := ag.ReadOutput(ctx, processID, after, 1<<20, wait, sub)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

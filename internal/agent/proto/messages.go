@@ -78,6 +78,15 @@ type ProcessRef struct {
 	ID string `json:"id"`
 }
 
+// StartRequest starts a pending process. With Subscriber, that reader is
+// registered with the process's output window first (as having read up to
+// After), so none of the output is evicted before it reads.
+type StartRequest struct {
+	ID         string `json:"id"`
+	Subscriber string `json:"subscriber,omitempty"`
+	After      uint64 `json:"after,omitempty"`
+}
+
 // Process states.
 const (
 	ProcPending = "pending"
