@@ -26,12 +26,17 @@ var GuestModules = []string{
 // from modDir are skipped (a kernel may have them built in).
 func BuildInitramfs(w io.Writer, agentBin, modDir string) error {
 	cw := &cpioWriter{w: w}
-	agent, err := os.ReadFile(agentBin)
+	agent, err := os.Open(agentBin)
 	if err != nil {
 		return fmt.Errorf("read agent: %w", err)
 	}
+	defer agent.Close()
+	fi, err := agent.Stat()
+	if err != nil {
+		return err
+	}
 	cw.dir("modules")
-	cw.file("init", 0o755, agent)
+	cw.stream("init", 0o100755, fi.Size(), agent)
 	var order []string
 	for _, m := range GuestModules {
 		b, err := os.ReadFile(filepath.Join(modDir, m))
@@ -58,23 +63,33 @@ type cpioWriter struct {
 }
 
 func (c *cpioWriter) entry(name string, mode uint32, data []byte) {
+	c.stream(name, mode, int64(len(data)), bytes.NewReader(data))
+}
+
+// stream writes one entry whose size bytes of content come from r.
+func (c *cpioWriter) stream(name string, mode uint32, size int64, r io.Reader) {
 	if c.err != nil {
 		return
 	}
 	c.ino++
 	var hdr bytes.Buffer
 	fmt.Fprintf(&hdr, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
-		c.ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
+		c.ino, mode, 0, 0, 1, 0, size, 0, 0, 0, 0, len(name)+1, 0)
 	hdr.WriteString(name)
 	hdr.WriteByte(0)
 	for hdr.Len()%4 != 0 {
 		hdr.WriteByte(0)
 	}
-	hdr.Write(data)
-	for hdr.Len()%4 != 0 {
-		hdr.WriteByte(0)
+	if _, c.err = c.w.Write(hdr.Bytes()); c.err != nil {
+		return
 	}
-	_, c.err = c.w.Write(hdr.Bytes())
+	var n int64
+	if n, c.err = io.CopyN(c.w, r, size); c.err != nil {
+		return
+	}
+	if pad := (4 - n%4) % 4; pad > 0 {
+		_, c.err = c.w.Write(make([]byte, pad))
+	}
 }
 
 func (c *cpioWriter) dir(name string)                         { c.entry(name, 0o040755, nil) }

@@ -16,6 +16,7 @@
 package vm
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -119,17 +120,26 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
+// buildInitramfs writes the initramfs (streamed: the agent is not held in
+// memory) to a new file and renames it over the old one; running VMs loaded
+// theirs at boot.
 func (r *Runtime) buildInitramfs() error {
-	var buf bytes.Buffer
-	if err := BuildInitramfs(&buf, r.cfg.AgentBin, r.cfg.Modules); err != nil {
-		return fmt.Errorf("vm: build initramfs: %w", err)
-	}
-	if old, err := os.ReadFile(r.initramfs); err == nil && bytes.Equal(old, buf.Bytes()) {
-		return nil
-	}
 	tmp := r.initramfs + ".tmp"
-	if err := os.WriteFile(tmp, buf.Bytes(), 0o600); err != nil {
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
 		return err
+	}
+	bw := bufio.NewWriterSize(f, 256<<10)
+	err = BuildInitramfs(bw, r.cfg.AgentBin, r.cfg.Modules)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("vm: build initramfs: %w", err)
 	}
 	return os.Rename(tmp, r.initramfs)
 }
