@@ -61,7 +61,13 @@ func main() {
 		// Redial quickly: after a restore the host is usually listening
 		// already, and a long backoff saved into the snapshot would delay
 		// every wake. A failed unix connect costs microseconds.
-		const first, most = 2 * time.Millisecond, 50 * time.Millisecond
+		first, most := 2*time.Millisecond, 50*time.Millisecond
+		if kind == "file" {
+			// A VM's serial port: the wait ends when the host connects,
+			// which after a restore is at once; waking every 5 ms while
+			// no host is there costs little.
+			first, most = time.Millisecond, 5*time.Millisecond
+		}
 		backoff := first
 		for {
 			conn, err := dial(kind, target)

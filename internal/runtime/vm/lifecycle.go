@@ -235,10 +235,13 @@ func (r *Runtime) load(ctx context.Context, spec runtime.Spec, stateFile string)
 	if err := q.waitMigration(ctx); err != nil {
 		return err
 	}
+	t0 := time.Now()
 	if _, err := q.execute(ctx, "cont", nil); err != nil {
 		return err
 	}
-	return r.waitAgent(ctx, id)
+	err = r.waitAgent(ctx, id)
+	r.log.Debug("vm: loaded", "sandbox_id", id, "agent_after_cont", time.Since(t0))
+	return err
 }
 
 // Delete ends QEMU and removes every file, socket and cgroup.

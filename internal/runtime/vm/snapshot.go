@@ -83,18 +83,24 @@ func (r *Runtime) templateSnapshot(ctx context.Context, spec runtime.Spec) (stri
 // starts it there.
 func (r *Runtime) fromSnapshot(ctx context.Context, spec runtime.Spec, snap string) error {
 	id := spec.SandboxID
+	t0 := time.Now()
 	out, err := exec.CommandContext(ctx, r.cfg.QEMUImg, "create", "-q", "-f", "qcow2", "-b", filepath.Join(snap, "disk.qcow2"), "-F", "qcow2",
 		r.diskPath(id), fmt.Sprintf("%dM", spec.Resources.DiskMiB)).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("create disk overlay: %v: %s", err, strings.TrimSpace(string(out)))
 	}
+	t1 := time.Now()
 	if err := copySparse(filepath.Join(snap, "mem"), r.memPath(id)); err != nil {
 		return fmt.Errorf("copy the template's RAM: %w", err)
 	}
-	return r.load(ctx, spec, filepath.Join(snap, "vmstate"))
+	t2 := time.Now()
+	err = r.load(ctx, spec, filepath.Join(snap, "vmstate"))
+	r.log.Debug("vm: created from the template snapshot", "sandbox_id", id, "disk", t1.Sub(t0), "ram_copy", t2.Sub(t1), "load_and_agent", time.Since(t2))
+	return err
 }
 
-// copySparse copies a file's data extents only (a RAM file is mostly holes).
+// copySparse copies a file: a reflink where the file system shares blocks
+// (XFS, Btrfs), else its data extents only (a RAM file is mostly holes).
 func copySparse(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -110,6 +116,9 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	defer out.Close()
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		return out.Close()
+	}
 	if err := out.Truncate(fi.Size()); err != nil {
 		return err
 	}
