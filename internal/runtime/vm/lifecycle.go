@@ -151,17 +151,9 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 		return err
 	}
 	tmp := statePath(spec) + ".tmp"
-	for _, c := range []struct {
-		cmd  string
-		args any
-	}{
-		{"stop", nil},
-		{"migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}},
-		{"migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp)}},
-	} {
-		if _, err := q.execute(ctx, c.cmd, c.args); err != nil {
-			return err
-		}
+	if err := q.run(ctx, qmpStep{"stop", nil}, ignoreShared,
+		qmpStep{"migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp)}}); err != nil {
+		return err
 	}
 	if err := q.waitMigration(ctx); err != nil {
 		return err
@@ -221,16 +213,8 @@ func (r *Runtime) load(ctx context.Context, spec runtime.Spec, stateFile string)
 		return err
 	}
 	defer q.close()
-	for _, c := range []struct {
-		cmd  string
-		args any
-	}{
-		{"migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}},
-		{"migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(stateFile)}},
-	} {
-		if _, err := q.execute(ctx, c.cmd, c.args); err != nil {
-			return err
-		}
+	if err := q.run(ctx, ignoreShared, qmpStep{"migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(stateFile)}}); err != nil {
+		return err
 	}
 	if err := q.waitMigration(ctx); err != nil {
 		return err

@@ -138,4 +138,25 @@ func (q *qmp) waitMigration(ctx context.Context) error {
 
 func (q *qmp) close() error { return q.conn.Close() }
 
+// qmpStep is one command of a sequence.
+type qmpStep struct {
+	cmd  string
+	args any
+}
+
+// run executes commands in order, stopping at the first error.
+func (q *qmp) run(ctx context.Context, steps ...qmpStep) error {
+	for _, st := range steps {
+		if _, err := q.execute(ctx, st.cmd, st.args); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ignoreShared makes a migration leave out RAM that lives in a shared file
+// (the sandbox's RAM file): only device state moves.
+var ignoreShared = qmpStep{"migrate-set-capabilities", map[string]any{
+	"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}}
+
 var errNoQMP = errors.New("no QMP socket")

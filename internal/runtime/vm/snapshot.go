@@ -52,14 +52,9 @@ func (r *Runtime) templateSnapshot(ctx context.Context, spec runtime.Spec) (stri
 	tmpl.SandboxID = "tpl-" + snapKey(spec)[:16] + fmt.Sprintf("-%d", time.Now().UnixNano()%1e6)
 	tmpl.Env = nil
 	tmpl.SnapshotDir = dir + ".tmp"
-	defer func() {
-		r.closeEndpoint(tmpl.SandboxID)
-		r.stopQEMU(context.WithoutCancel(ctx), tmpl.SandboxID)
-		removeCgroup(tmpl.SandboxID)
-		os.RemoveAll(r.sandboxDir(tmpl.SandboxID))
-		os.RemoveAll(r.socketDir(tmpl.SandboxID))
-		os.RemoveAll(tmpl.SnapshotDir)
-	}()
+	// The template VM goes, whatever happens: Delete ends QEMU and removes
+	// its cgroup, directories, sockets and the unfinished snapshot.
+	defer r.Delete(context.WithoutCancel(ctx), tmpl)
 	os.RemoveAll(tmpl.SnapshotDir)
 	if err := r.boot(ctx, tmpl); err != nil {
 		return "", fmt.Errorf("boot the template: %w", err)

@@ -29,7 +29,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -78,9 +77,6 @@ type Runtime struct {
 
 	endpoints *agentclient.Endpoints
 
-	mu    sync.Mutex // guards procs
-	procs map[string]*exec.Cmd
-
 	images imageBuilds
 }
 
@@ -106,7 +102,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("vm: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger, procs: map[string]*exec.Cmd{}}
+	r := &Runtime{cfg: cfg, log: cfg.Logger}
 	r.endpoints = agentclient.NewEndpoints(r.agentPath, cfg.Logger)
 	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
 	if err := r.buildInitramfs(); err != nil {
@@ -234,10 +230,7 @@ func (r *Runtime) startQEMU(ctx context.Context, spec runtime.Spec, incoming boo
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
 	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	r.mu.Lock()
-	r.procs[id] = cmd
-	r.mu.Unlock()
+	go func() { cmd.Wait(); close(exited) }() // reaps it
 	if err := joinCgroup(id, cmd.Process.Pid, spec.Resources); err != nil {
 		r.log.Warn("vm: cgroup", "sandbox_id", id, "err", err)
 	}
@@ -315,9 +308,6 @@ func (r *Runtime) stopQEMU(ctx context.Context, id string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	r.mu.Lock()
-	delete(r.procs, id)
-	r.mu.Unlock()
 }
 
 // endpoint returns the sandbox's agent endpoint, listening if needed.

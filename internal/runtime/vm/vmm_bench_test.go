@@ -111,14 +111,12 @@ func BenchmarkVMMSaveLoad(b *testing.B) {
 	accel := vmmAccel(b)
 	dir := bareDir(b)
 	ctx := context.Background()
-	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
 	var save, load time.Duration
 	for i := 0; i < b.N; i++ {
 		cmd, q := startBare(b, dir, accel, false)
 		state := filepath.Join(dir, fmt.Sprintf("state-%d", i))
 		t0 := time.Now()
-		q.execute(ctx, "migrate-set-capabilities", caps)
-		if _, err := q.execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + state}); err != nil {
+		if err := q.run(ctx, ignoreShared, qmpStep{"migrate", map[string]any{"uri": "exec:cat > " + state}}); err != nil {
 			b.Fatal(err)
 		}
 		if err := q.waitMigration(ctx); err != nil {
@@ -128,8 +126,7 @@ func BenchmarkVMMSaveLoad(b *testing.B) {
 		stopBare(cmd, q)
 		cmd, q = startBare(b, dir, accel, true)
 		t0 = time.Now()
-		q.execute(ctx, "migrate-set-capabilities", caps)
-		if _, err := q.execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + state}); err != nil {
+		if err := q.run(ctx, ignoreShared, qmpStep{"migrate-incoming", map[string]any{"uri": "exec:cat " + state}}); err != nil {
 			b.Fatal(err)
 		}
 		if err := q.waitMigration(ctx); err != nil {
