@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -99,16 +98,6 @@ type serverOpts struct {
 	template string   // template createRunning uses (default: the server's)
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startServer starts `space serve` and waits until it answers /healthz.
 func startServer(t *testing.T, o serverOpts) *server {
 	t.Helper()
@@ -121,7 +110,10 @@ func startServer(t *testing.T, o serverOpts) *server {
 	if o.dataDir == "" {
 		o.dataDir = t.TempDir()
 	}
-	s := &server{t: t, bin: o.bin, dataDir: o.dataDir, apiAddr: freeAddr(t), dpAddr: freeAddr(t), ecwAddr: freeAddr(t), env: o.env, args: o.args, template: o.template}
+	// Port 0: the server binds free ports itself and logs them, so no other
+	// process can take a port between picking and binding it. A restart
+	// reuses the ports learned here (clients keep their URLs).
+	s := &server{t: t, bin: o.bin, dataDir: o.dataDir, apiAddr: "127.0.0.1:0", dpAddr: "127.0.0.1:0", ecwAddr: "127.0.0.1:0", env: o.env, args: o.args, template: o.template}
 	s.start()
 	t.Cleanup(s.stop)
 	b, err := os.ReadFile(filepath.Join(s.dataDir, "api-token"))
@@ -134,38 +126,87 @@ func startServer(t *testing.T, o serverOpts) *server {
 
 func (s *server) start() {
 	s.t.Helper()
+	// A restart binds the ports the first start learned; a port a client's
+	// outgoing connection holds for a moment is retried, never given up.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := s.startOnce(deadline)
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "address already in use") || time.Now().After(deadline) {
+			s.t.Fatal(err)
+		}
+		s.logMu.Lock()
+		s.logs.Reset()
+		s.logMu.Unlock()
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// startOnce starts the process and waits for its "serving" line and a
+// healthy /healthz.
+func (s *server) startOnce(deadline time.Time) error {
 	args := append([]string{"serve", "--data-dir", s.dataDir, "--api-addr", s.apiAddr, "--data-plane-addr", s.dpAddr, "--ecw-addr", s.ecwAddr, "--log-format", "json", "--shutdown-grace", "5s"}, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Env = append(os.Environ(), s.env...)
 	lw := &lockedWriter{w: &s.logs, mu: &s.logMu}
 	cmd.Stdout, cmd.Stderr = lw, lw
 	if err := cmd.Start(); err != nil {
-		s.t.Fatal(err)
+		return err
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
+	// Only the first start learns addresses; a restart already has them
+	// (and must not write fields other goroutines read).
+	learned := !strings.HasSuffix(s.apiAddr, ":0")
 	for {
-		resp, err := http.Get(s.url("/healthz"))
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
+		if !learned {
+			learned = s.learnAddrs()
+		}
+		if learned {
+			resp, err := http.Get(s.url("/healthz"))
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					return nil
+				}
 			}
 		}
 		select {
 		case <-done:
-			s.t.Fatalf("space serve exited at start:\n%s", s.log())
+			s.mu.Lock()
+			s.cmd = nil
+			s.mu.Unlock()
+			return fmt.Errorf("space serve exited at start:\n%s", s.log())
 		default:
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("space serve did not become healthy:\n%s", s.log())
+			return fmt.Errorf("space serve did not become healthy:\n%s", s.log())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// learnAddrs reads the bound addresses from the server's "serving" log line.
+func (s *server) learnAddrs() bool {
+	for _, line := range strings.Split(s.log(), "\n") {
+		var e struct {
+			Msg  string `json:"msg"`
+			API  string `json:"api_addr"`
+			Data string `json:"data_plane_addr"`
+			ECW  string `json:"ecw_addr"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil || e.Msg != "serving" {
+			continue
+		}
+		s.apiAddr, s.dpAddr, s.ecwAddr = e.API, e.Data, e.ECW
+		return true
+	}
+	return false
 }
 
 func (s *server) log() string {
