@@ -11,6 +11,7 @@ import (
 	"net/http"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/jsonbody"
 )
 
 // MaxJSONBody bounds every JSON request body.
@@ -91,41 +92,7 @@ func decodeJSON(contentType string, body []byte, v any) error {
 			return errdefs.New(errdefs.InvalidArgument, "request body must be application/json")
 		}
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return errdefs.Wrap(errdefs.InvalidArgument, err, "invalid JSON body: %s", describeJSONError(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errdefs.New(errdefs.InvalidArgument, "invalid JSON body: unexpected data after the object")
-	}
-	return nil
-}
-
-func describeJSONError(err error) string {
-	var syn *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &syn):
-		return fmt.Sprintf("syntax error at byte %d", syn.Offset)
-	case errors.As(err, &typ):
-		if typ.Field != "" {
-			return fmt.Sprintf("field %s must be %s", typ.Field, typ.Type)
-		}
-		return fmt.Sprintf("expected %s", typ.Type)
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "unexpected end of input"
-	}
-	// json reports unknown fields as `json: unknown field "x"`.
-	msg := err.Error()
-	const p = "json: "
-	if len(msg) > len(p) && msg[:len(p)] == p {
-		msg = msg[len(p):]
-	}
-	if len(msg) > 200 {
-		msg = msg[:200]
-	}
-	return msg
+	return jsonbody.Decode(bytes.NewReader(body), v)
 }
 
 // errInvalid is an invalid_argument naming a field.

@@ -13,8 +13,6 @@ package ecw
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -24,6 +22,7 @@ import (
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/jsonbody"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -202,21 +201,5 @@ const MaxJSONBody = 1 << 20
 // decodeBody decodes a JSON body strictly (unknown fields are refused); an
 // empty body leaves v as it is.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, MaxJSONBody)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooBig):
-			return errdefs.New(errdefs.TooLarge, "request body exceeds %d bytes", MaxJSONBody)
-		case errors.Is(err, io.EOF):
-			return nil // no body
-		}
-		return errdefs.New(errdefs.InvalidArgument, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	if dec.More() {
-		return errdefs.New(errdefs.InvalidArgument, "invalid JSON body: more than one value")
-	}
-	return nil
+	return jsonbody.Decode(http.MaxBytesReader(w, r.Body, MaxJSONBody), v)
 }
