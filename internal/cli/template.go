@@ -2,12 +2,18 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spacesandbox/space/internal/server"
+	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/store/sqlite"
 	"github.com/spacesandbox/space/internal/templates"
 )
 
@@ -85,13 +91,50 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 		}
 		return store.Untag(pos[0])
 	case "gc":
-		// Content a sandbox still uses is referenced by the server; run gc
-		// only while it is stopped, or with care.
-		removed, err := store.GC(ctx, nil)
+		// Content a sandbox still uses (in any state but deleted, warm
+		// pools included) is kept, whatever its tags. A create racing
+		// with gc may still lose its template: run it while the server is
+		// stopped or quiet. Runtimes drop what they derived from removed
+		// content (the vm runtime's ext4 images and template snapshots)
+		// when they next start.
+		inUse, err := templatesInUse(ctx, *dataDir)
+		if err != nil {
+			return err
+		}
+		removed, err := store.GC(ctx, inUse)
 		for _, d := range removed {
 			fmt.Fprintln(o.Stdout, "removed", d)
 		}
 		return err
 	}
 	return fmt.Errorf("%w: unknown template command %q", errUsage, args[0])
+}
+
+// templatesInUse reports the template digests the data directory's
+// sandboxes were made from.
+func templatesInUse(ctx context.Context, dataDir string) (func(string) bool, error) {
+	db := filepath.Join(dataDir, server.DBFile)
+	if _, err := os.Stat(db); errors.Is(err, fs.ErrNotExist) {
+		return func(string) bool { return false }, nil // no server ran here
+	}
+	st, err := sqlite.Open(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("open store in %s: %w", dataDir, err)
+	}
+	defer st.Close()
+	used := map[string]bool{}
+	q := store.SandboxQuery{Limit: store.MaxLimit, IncludePool: true}
+	for {
+		page, err := st.ListSandboxes(ctx, q)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		for _, sb := range page.Items {
+			used[sb.Template.Digest] = true
+		}
+		if page.Next == "" {
+			return func(d string) bool { return used[d] }, nil
+		}
+		q.Cursor = page.Next
+	}
 }

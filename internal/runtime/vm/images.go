@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -74,4 +75,48 @@ func (r *Runtime) image(ctx context.Context, spec runtime.Spec) (string, error) 
 	}
 	os.Chmod(tmp, 0o400)
 	return path, os.Rename(tmp, path)
+}
+
+// pruneImages removes the VMs of template-snapshot builds a crash
+// interrupted (their QEMU, cgroup and files: no sandbox record names them,
+// so Recover never would), then the ext4 images and template snapshots made from
+// templates the template store no longer holds (`space template gc` keeps
+// every template a sandbox uses, so no overlay loses its backing file).
+// Leftovers of an interrupted build (*.tmp) go too: no build runs yet.
+func (r *Runtime) pruneImages(ctx context.Context) {
+	if vms, err := os.ReadDir(filepath.Join(r.cfg.Dir, "sandboxes")); err == nil {
+		for _, e := range vms {
+			if id := e.Name(); strings.HasPrefix(id, templateVMPrefix) {
+				if err := r.Delete(ctx, runtime.Spec{SandboxID: id}); err != nil {
+					r.log.Warn("remove an interrupted template-snapshot VM", "vm", id, "err", err)
+				}
+			}
+		}
+	}
+	dir := filepath.Join(r.cfg.Dir, "images")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	gone := map[string]bool{}
+	for _, e := range entries {
+		name := e.Name()
+		hex, _, ok := strings.Cut(name, "-")
+		if !ok || len(hex) != 64 {
+			continue
+		}
+		stale, known := gone[hex]
+		if !known {
+			_, err := r.cfg.Templates.RootfsPath("sha256:" + hex)
+			stale = errdefs.KindOf(err) == errdefs.NotFound
+			gone[hex] = stale
+		}
+		if stale || strings.HasSuffix(name, ".tmp") {
+			if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+				r.log.Warn("remove a derived template image", "path", name, "err", err)
+				continue
+			}
+			r.log.Info("removed a derived image of a removed template", "path", name)
+		}
+	}
 }

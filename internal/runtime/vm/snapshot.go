@@ -32,6 +32,9 @@ func snapKey(spec runtime.Spec) string {
 		spec.Resources.DiskMiB, spec.Resources.MemoryMiB, spec.Resources.VCPUs)
 }
 
+// templateVMPrefix starts the id of a VM booted to make a template snapshot.
+const templateVMPrefix = "tpl-"
+
 func (r *Runtime) snapDir(spec runtime.Spec) string {
 	return filepath.Join(r.cfg.Dir, "images", snapKey(spec)+".snap")
 }
@@ -49,7 +52,7 @@ func (r *Runtime) templateSnapshot(ctx context.Context, spec runtime.Spec) (stri
 	start := time.Now()
 	// Boot a VM of the template under a private id, then save it.
 	tmpl := spec
-	tmpl.SandboxID = "tpl-" + snapKey(spec)[:16] + fmt.Sprintf("-%d", time.Now().UnixNano()%1e6)
+	tmpl.SandboxID = templateVMPrefix + snapKey(spec)[:16] + fmt.Sprintf("-%d", time.Now().UnixNano()%1e6)
 	tmpl.Env = nil
 	tmpl.SnapshotDir = dir + ".tmp"
 	// The template VM goes, whatever happens: Delete ends QEMU and removes

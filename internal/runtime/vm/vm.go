@@ -104,6 +104,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger}
 	r.endpoints = agentclient.NewEndpoints(r.agentPath, cfg.Logger)
+	r.pruneImages(ctx)
 	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
 	if err := r.buildInitramfs(); err != nil {
 		return nil, err

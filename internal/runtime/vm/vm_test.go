@@ -106,3 +106,58 @@ func assertGone(t *testing.T, dir, id string) {
 		t.Errorf("socket directory left: %v", matches)
 	}
 }
+
+// Starting the runtime drops what it derived from templates the store no
+// longer holds, and what an interrupted template-snapshot build left; it
+// keeps the images of templates that exist.
+func TestPruneDerivedImages(t *testing.T) {
+	qemu := requireVM(t)
+	agent := runtimetest.BuildAgent(t)
+	store, err := templates.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := store.Build(context.Background(), "test", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := strings.TrimPrefix(tpl.Digest, "sha256:")
+	removed := strings.Repeat("ab", 32)
+	dir := t.TempDir()
+	mk := func(p string, isDir bool) {
+		p = filepath.Join(dir, p)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if isDir {
+			err = os.MkdirAll(p, 0o700)
+		} else {
+			err = os.WriteFile(p, []byte("x"), 0o600)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	keep := []string{"images/" + kept + "-1024M.ext4", "images/" + kept + "-1024M-512M-1cpu.snap/"}
+	gone := []string{"images/" + removed + "-1024M.ext4", "images/" + removed + "-1024M-512M-1cpu.snap/",
+		"images/" + kept + "-2048M-512M-1cpu.snap.tmp/", "sandboxes/tpl-0123456789abcdef-42/"}
+	for _, p := range append(append([]string{}, keep...), gone...) {
+		mk(strings.TrimSuffix(p, "/"), strings.HasSuffix(p, "/"))
+	}
+	r, err := vm.New(context.Background(), vm.Config{QEMU: qemu, Kernel: filepath.Join(guestDir, "vmlinuz"),
+		Modules: filepath.Join(guestDir, "modules"), AgentBin: agent, Dir: dir, Templates: store, Accel: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, p := range keep {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			t.Errorf("%s: removed, but its template exists: %v", p, err)
+		}
+	}
+	for _, p := range gone {
+		if _, err := os.Stat(filepath.Join(dir, p)); !os.IsNotExist(err) {
+			t.Errorf("%s: still there (%v)", p, err)
+		}
+	}
+}
