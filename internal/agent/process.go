@@ -246,13 +246,26 @@ func (a *Agent) start(p *process) {
 	}()
 }
 
-// pump copies a stream into the ring, one chunk per read.
+// pumpBuf is the most one read of a process's output takes.
+const pumpBuf = 64 << 10
+
+// pump copies a stream into the ring, one chunk per read. A chunk owns
+// memory of its own size: a large read hands its buffer over, a small one
+// is copied out, so a window of many small chunks (interactive output)
+// holds what it counts rather than a read buffer per chunk.
 func pump(f *os.File, stream string, out *ring) {
+	buf := make([]byte, pumpBuf)
 	for {
-		buf := make([]byte, 32<<10)
 		n, err := f.Read(buf)
 		if n > 0 {
-			out.append(stream, buf[:n:n])
+			var data []byte
+			if n >= len(buf)/2 {
+				data, buf = buf[:n:n], make([]byte, pumpBuf)
+			} else {
+				data = make([]byte, n)
+				copy(data, buf)
+			}
+			out.append(stream, data)
 		}
 		if err != nil {
 			return // EOF, or EIO from a PTY whose last slave closed

@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -94,5 +96,54 @@ func TestRingReadWaitsForOutput(t *testing.T) {
 	_, cs, _ := r.read(context.Background(), 0, 100, 5*time.Second, "")
 	if seqs(cs) != "[1]" {
 		t.Fatalf("long poll = %s", seqs(cs))
+	}
+}
+
+// Each chunk owns memory of its own size, so many small reads do not each
+// pin a whole read buffer: 1,000 one-line chunks hold kilobytes, not
+// 1,000 read buffers.
+func TestPumpChunksOwnTheirSize(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRing(1<<20, time.Minute)
+	done := make(chan struct{})
+	go func() { pump(pr, "stdout", r); close(done) }()
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const lines = 1000
+	for i := 0; i < lines; i++ {
+		fmt.Fprintf(pw, "%07d\n", i)
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			r.mu.Lock()
+			n := r.next
+			r.mu.Unlock()
+			if n == uint64(i+2) {
+				break // its own chunk
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("line %d not pumped", i)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > 1<<20 {
+		t.Fatalf("%d one-line chunks hold %d KiB of heap", lines, grown>>10)
+	}
+	big := make([]byte, 3*pumpBuf)
+	pw.Write(big)
+	pw.Close()
+	<-done
+	total := 0
+	for _, c := range r.chunks {
+		total += len(c.data)
+	}
+	if want := lines*8 + len(big); total != want {
+		t.Fatalf("pumped %d bytes, want %d", total, want)
 	}
 }
