@@ -2,6 +2,7 @@ package client
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -125,22 +126,32 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 	r := bufio.NewReaderSize(resp.Body, 1<<20)
 	last := lastEventID
 	var ev Event
-	var data []byte
+	var data, long []byte
 	for {
-		line, err := r.ReadString('\n')
+		// ReadSlice avoids a copy per line; a line longer than the buffer
+		// is gathered in long.
+		line, err := r.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			long = append(long[:0], line...)
+			for err == bufio.ErrBufferFull {
+				line, err = r.ReadSlice('\n')
+				long = append(long, line...)
+			}
+			line = long
+		}
 		if err != nil {
 			return nil, last, err
 		}
-		line = strings.TrimSuffix(line, "\n")
+		line = line[:len(line)-1]
 		switch {
-		case strings.HasPrefix(line, ":"):
-		case strings.HasPrefix(line, "id: "):
-			ev.ID = line[4:]
-		case strings.HasPrefix(line, "event: "):
-			ev.Name = line[7:]
-		case strings.HasPrefix(line, "data: "):
+		case len(line) > 0 && line[0] == ':':
+		case bytes.HasPrefix(line, []byte("id: ")):
+			ev.ID = string(line[4:])
+		case bytes.HasPrefix(line, []byte("event: ")):
+			ev.Name = string(line[7:])
+		case bytes.HasPrefix(line, []byte("data: ")):
 			data = append(data, line[6:]...)
-		case line == "" && ev.Name != "":
+		case len(line) == 0 && ev.Name != "":
 			if err := decodeEvent(&ev, data); err != nil {
 				return nil, last, err
 			}
@@ -154,12 +165,46 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 				e := ev
 				return &e, last, nil
 			}
-			ev, data = Event{}, nil
+			ev, data = Event{}, data[:0]
 		}
 	}
 }
 
+// Output events as the server writes them; decodeEvent reads these without
+// a JSON parse (any other spelling takes the general path).
+var (
+	outputHead = []byte(`{"stream":"`)
+	outputMid  = []byte(`","data":"`)
+	outputTail = []byte(`"}`)
+)
+
+// isBase64 reports whether b holds only standard base64 characters (no
+// escapes, quotes or the line breaks base64's decoder would skip).
+func isBase64(b []byte) bool {
+	for _, c := range b {
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '=') {
+			return false
+		}
+	}
+	return true
+}
+
 func decodeEvent(ev *Event, data []byte) error {
+	if ev.Name == "output" && len(data) >= len(outputHead)+len(outputTail) && bytes.HasPrefix(data, outputHead) && bytes.HasSuffix(data, outputTail) {
+		rest := data[len(outputHead) : len(data)-len(outputTail)]
+		if i := bytes.Index(rest, outputMid); i > 0 && isBase64(rest[i+len(outputMid):]) {
+			if stream := string(rest[:i]); stream == "stdout" || stream == "stderr" {
+				b64 := rest[i+len(outputMid):]
+				out := make([]byte, base64.StdEncoding.DecodedLen(len(b64)))
+				n, err := base64.StdEncoding.Decode(out, b64)
+				if err != nil {
+					return fmt.Errorf("malformed output data: %w", err)
+				}
+				ev.Stream, ev.Data = stream, out[:n]
+				return nil
+			}
+		}
+	}
 	var raw struct {
 		Stream   string `json:"stream"`
 		Data     string `json:"data"`
