@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/creack/pty"
 
 	"github.com/spacesandbox/space/internal/agent/proto"
@@ -140,6 +142,9 @@ func (a *Agent) start(p *process) {
 				p.fail(exitStartFailed, proto.Errorf("start_failed", "pipe: %v", err))
 				return
 			}
+			// A larger pipe lets a fast writer run ahead between reads
+			// (best effort: the default 64 KiB stays where refused).
+			unix.FcntlInt(r.Fd(), unix.F_SETPIPE_SZ, pipeSize)
 			*dst = w
 			readers = append(readers, r)
 			closeAfterStart = append(closeAfterStart, w)
@@ -246,8 +251,16 @@ func (a *Agent) start(p *process) {
 	}()
 }
 
-// pumpBuf is the most one read of a process's output takes.
-const pumpBuf = 64 << 10
+const (
+	// pumpBuf is the most one read of a process's output takes.
+	pumpBuf = 256 << 10
+	// pipeSize is the capacity asked for output pipes.
+	pipeSize = 1 << 20
+	// A read within coalesceAfter of the previous one waits coalesceFor
+	// first.
+	coalesceAfter = 2 * time.Millisecond
+	coalesceFor   = 500 * time.Microsecond
+)
 
 // pump copies a stream into the ring, one chunk per read. A chunk owns
 // memory of its own size: a large read hands its buffer over, a small one
@@ -255,8 +268,20 @@ const pumpBuf = 64 << 10
 // holds what it counts rather than a read buffer per chunk.
 func pump(f *os.File, stream string, out *ring) {
 	buf := make([]byte, pumpBuf)
+	var last time.Time
 	for {
+		// While output streams (the last read came moments ago and did not
+		// fill the buffer), let it gather before reading again: one wakeup
+		// per pipeful instead of one per write. Interactive output, with
+		// gaps between writes, is read at once.
+		if now := time.Now(); now.Sub(last) < coalesceAfter {
+			time.Sleep(coalesceFor)
+		}
 		n, err := f.Read(buf)
+		last = time.Now()
+		if n >= len(buf) {
+			last = time.Time{} // a full read: more is surely waiting
+		}
 		if n > 0 {
 			var data []byte
 			if n >= len(buf)/2 {
