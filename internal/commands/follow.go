@@ -68,26 +68,66 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 			return err
 		}
 	}
+	// One batch is read ahead while the previous one is emitted, so the
+	// agent's round trip overlaps the encoding and writing of output.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type batch struct {
+		out   agentclient.Output
+		after uint64 // what the read asked for
+		err   error
+	}
+	batches := make(chan batch, 1)
+	go func() {
+		defer close(batches)
+		for {
+			asked := after
+			out, err := ag.ReadOutput(rctx, processID, asked, 1<<20, wait, sub)
+			if err != nil {
+				var pe *proto.Error
+				if rctx.Err() == nil && !errors.As(err, &pe) {
+					// The agent went away (paused, suspended, restored,
+					// deleted). Reach it again while the sandbox runs;
+					// otherwise the stream is incomplete.
+					if ag, err = s.reacquire(rctx, sandboxID); err == nil {
+						continue
+					}
+				} else if errors.As(err, &pe) {
+					err = AgentError("read output", err)
+				}
+				select {
+				case batches <- batch{err: err}:
+				case <-rctx.Done():
+				}
+				return
+			}
+			if n := len(out.Chunks); n > 0 {
+				after = out.Chunks[n-1].Seq
+			}
+			select {
+			case batches <- batch{out: out, after: asked}:
+			case <-rctx.Done():
+				return
+			}
+			if out.Exited != nil {
+				return
+			}
+		}
+	}()
 	for {
-		out, err := ag.ReadOutput(ctx, processID, after, 1<<20, wait, sub)
-		if err != nil {
+		b, ok := <-batches
+		if !ok {
+			return ctx.Err()
+		}
+		if b.err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			var pe *proto.Error
-			if errors.As(err, &pe) {
-				return AgentError("read output", err)
-			}
-			// The agent went away (paused, suspended, restored, deleted).
-			// Reach it again while the sandbox runs; otherwise the stream is
-			// incomplete.
-			if ag, err = s.reacquire(ctx, sandboxID); err != nil {
-				return err
-			}
-			continue
+			return b.err
 		}
+		out := b.out
 		if out.Resync {
-			ev := Event{Resync: true, ResumeAt: after, Flush: len(out.Chunks) == 0}
+			ev := Event{Resync: true, ResumeAt: b.after, Flush: len(out.Chunks) == 0}
 			if len(out.Chunks) > 0 {
 				ev.ResumeAt = out.Chunks[0].Seq - 1
 			}
@@ -102,7 +142,6 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 				return err
 			}
 			off += c.Len
-			after = c.Seq
 		}
 		if out.Exited != nil {
 			return emit(Event{Exited: out.Exited})
