@@ -15,7 +15,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -57,20 +56,17 @@ func main() {
 	case "stdio":
 		err := a.Serve(ctx, stdio{})
 		log.Info("host connection ended", "err", err)
-	case "unix", "file":
+	case "file":
+		err := a.ServePort(ctx, target)
+		log.Info("serial port closed", "err", err)
+	case "unix":
 		// Redial quickly: after a restore the host is usually listening
 		// already, and a long backoff saved into the snapshot would delay
 		// every wake. A failed unix connect costs microseconds.
 		first, most := 2*time.Millisecond, 50*time.Millisecond
-		if kind == "file" {
-			// A VM's serial port: the wait ends when the host connects,
-			// which after a restore is at once; waking every 5 ms while
-			// no host is there costs little.
-			first, most = time.Millisecond, 5*time.Millisecond
-		}
 		backoff := first
 		for {
-			conn, err := dial(kind, target)
+			conn, err := net.Dial("unix", target)
 			if err != nil {
 				time.Sleep(backoff)
 				if backoff < most {
@@ -81,12 +77,7 @@ func main() {
 			err = a.Serve(ctx, conn)
 			conn.Close()
 			if errors.Is(err, agent.ErrNoHost) {
-				// A serial port whose host side is not connected reads as
-				// end of file at once: wait for the host, quietly.
-				time.Sleep(backoff)
-				if backoff < most {
-					backoff *= 2
-				}
+				time.Sleep(backoff) // accepted and closed at once
 				continue
 			}
 			backoff = first
@@ -102,13 +93,6 @@ func main() {
 	if os.Getpid() == 1 {
 		select {}
 	}
-}
-
-func dial(kind, target string) (io.ReadWriteCloser, error) {
-	if kind == "unix" {
-		return net.Dial("unix", target)
-	}
-	return os.OpenFile(target, os.O_RDWR, 0)
 }
 
 type stdio struct{}

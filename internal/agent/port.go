@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"time"
+)
+
+// portFile is an open serial port: *os.File in a VM.
+type portFile interface {
+	io.ReadWriteCloser
+	SetReadDeadline(time.Time) error
+}
+
+// ServePort serves the host on a VM's virtio-serial port (path) until ctx
+// ends. The port stays open between sessions and while no host is
+// connected: a closed port makes the guest's driver discard what arrives,
+// and a hello the host sends in that moment would be lost (the host would
+// wait out its handshake timeout and dial again). It is reopened only after
+// a session broke off with a protocol error, to start from a clean stream.
+func (a *Agent) ServePort(ctx context.Context, path string) error {
+	return a.servePort(ctx, func() (portFile, error) { return os.OpenFile(path, os.O_RDWR, 0) })
+}
+
+// Waits between reads of a port with no host: the wait ends when the host
+// connects, which after a restore is at once, so it stays short.
+const (
+	portFirstWait = time.Millisecond
+	portMostWait  = 5 * time.Millisecond
+)
+
+func (a *Agent) servePort(ctx context.Context, open func() (portFile, error)) error {
+	var f portFile
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+	}()
+	backoff := portFirstWait
+	pause := func() error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, portMostWait)
+		return nil
+	}
+	for {
+		if f == nil {
+			var err error
+			if f, err = open(); err != nil {
+				f = nil
+				if err := pause(); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		f.SetReadDeadline(time.Time{})
+		err := a.Serve(ctx, keepOpen{f})
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, ErrNoHost):
+			// A port whose host side is not connected reads as end of
+			// file at once: wait for the host, quietly, port open.
+			if err := pause(); err != nil {
+				return err
+			}
+			continue
+		case err != nil:
+			a.log.Warn("host connection ended", "err", err)
+			f.Close()
+			f = nil
+		}
+		backoff = portFirstWait
+	}
+}
+
+// keepOpen hands a port to Serve without letting it close it: Serve's
+// Close only interrupts a pending read.
+type keepOpen struct{ f portFile }
+
+func (k keepOpen) Read(b []byte) (int, error)  { return k.f.Read(b) }
+func (k keepOpen) Write(b []byte) (int, error) { return k.f.Write(b) }
+func (k keepOpen) Close() error                { k.f.SetReadDeadline(time.Now()); return nil }
