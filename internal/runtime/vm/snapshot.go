@@ -26,17 +26,20 @@ import (
 // -incoming defer loading the device state. The engine then gives the new
 // sandbox its own identity (hostname, entropy, clock), as after any wake.
 
-// snapKey names a snapshot: everything the saved machine depends on.
-func snapKey(spec runtime.Spec) string {
-	return fmt.Sprintf("%s-%dM-%dM-%dcpu", strings.TrimPrefix(spec.Template.Digest, "sha256:"),
-		spec.Resources.DiskMiB, spec.Resources.MemoryMiB, spec.Resources.VCPUs)
+// snapKey names a snapshot: everything the saved machine depends on — the
+// template and resources, and the boot key (kernel, initramfs with the
+// agent, QEMU, acceleration), so an upgraded agent or QEMU makes new
+// snapshots instead of restoring old agents or device-state formats.
+func (r *Runtime) snapKey(spec runtime.Spec) string {
+	return fmt.Sprintf("%s-%dM-%dM-%dcpu-%s", strings.TrimPrefix(spec.Template.Digest, "sha256:"),
+		spec.Resources.DiskMiB, spec.Resources.MemoryMiB, spec.Resources.VCPUs, r.bootKey)
 }
 
 // templateVMPrefix starts the id of a VM booted to make a template snapshot.
 const templateVMPrefix = "tpl-"
 
 func (r *Runtime) snapDir(spec runtime.Spec) string {
-	return filepath.Join(r.cfg.Dir, "images", snapKey(spec)+".snap")
+	return filepath.Join(r.cfg.Dir, "images", r.snapKey(spec)+".snap")
 }
 
 // templateSnapshot returns the template's snapshot directory, making it
@@ -52,7 +55,7 @@ func (r *Runtime) templateSnapshot(ctx context.Context, spec runtime.Spec) (stri
 	start := time.Now()
 	// Boot a VM of the template under a private id, then save it.
 	tmpl := spec
-	tmpl.SandboxID = templateVMPrefix + snapKey(spec)[:16] + fmt.Sprintf("-%d", time.Now().UnixNano()%1e6)
+	tmpl.SandboxID = templateVMPrefix + r.snapKey(spec)[:16] + fmt.Sprintf("-%d", time.Now().UnixNano()%1e6)
 	tmpl.Env = nil
 	tmpl.SnapshotDir = dir + ".tmp"
 	// The template VM goes, whatever happens: Delete ends QEMU and removes

@@ -19,10 +19,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -74,6 +77,9 @@ type Runtime struct {
 	accel     string
 	accelWhy  string
 	initramfs string
+	// bootKey identifies what a saved machine depends on besides its
+	// template (see snapKey).
+	bootKey string
 
 	endpoints *agentclient.Endpoints
 
@@ -112,6 +118,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.accel, r.accelWhy = cfg.Accel, "configured"
 	if r.accel == "" {
 		r.accel, r.accelWhy = r.probeAccel(ctx)
+	}
+	var err error
+	if r.bootKey, err = r.makeBootKey(); err != nil {
+		return nil, err
 	}
 	r.log.Info("vm runtime ready", "accel", r.accel, "why", r.accelWhy, "kernel", cfg.Kernel)
 	return r, nil
@@ -335,4 +345,31 @@ func shortDir(prefix, seed string) string {
 		h = (h ^ uint32(seed[i])) * 16777619
 	}
 	return fmt.Sprintf("%s%08x", prefix, h)
+}
+
+// makeBootKey hashes the kernel, the initramfs (the agent and modules), the
+// QEMU binary's identity and the acceleration.
+func (r *Runtime) makeBootKey() (string, error) {
+	h := sha256.New()
+	for _, p := range []string{r.cfg.Kernel, r.initramfs} {
+		f, err := os.Open(p)
+		if err != nil {
+			return "", fmt.Errorf("vm: %w", err)
+		}
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return "", fmt.Errorf("vm: hash %s: %w", p, err)
+		}
+	}
+	qemu, err := exec.LookPath(r.cfg.QEMU)
+	if err != nil {
+		return "", fmt.Errorf("vm: %w", err)
+	}
+	fi, err := os.Stat(qemu)
+	if err != nil {
+		return "", fmt.Errorf("vm: %w", err)
+	}
+	fmt.Fprintf(h, "\x00%s\x00%d\x00%d\x00%s", qemu, fi.Size(), fi.ModTime().UnixNano(), r.accel)
+	return hex.EncodeToString(h.Sum(nil))[:12], nil
 }
