@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -60,7 +61,9 @@ func (a *Agent) servePort(ctx context.Context, open func() (portFile, error)) er
 			}
 		}
 		f.SetReadDeadline(time.Time{})
-		err := a.Serve(ctx, keepOpen{f})
+		k := &keepOpen{f: f}
+		err := a.Serve(ctx, k)
+		k.end()
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -80,10 +83,31 @@ func (a *Agent) servePort(ctx context.Context, open func() (portFile, error)) er
 	}
 }
 
-// keepOpen hands a port to Serve without letting it close it: Serve's
-// Close only interrupts a pending read.
-type keepOpen struct{ f portFile }
+// keepOpen hands a port to one Serve call without letting it close it:
+// Close only interrupts that call's pending read. Serve closes its
+// connection from a goroutine that may run after Serve returned; once the
+// call has ended (end), Close does nothing, so a late Close can never cut
+// the reads of the next session.
+type keepOpen struct {
+	f     portFile
+	mu    sync.Mutex // guards ended
+	ended bool
+}
 
-func (k keepOpen) Read(b []byte) (int, error)  { return k.f.Read(b) }
-func (k keepOpen) Write(b []byte) (int, error) { return k.f.Write(b) }
-func (k keepOpen) Close() error                { k.f.SetReadDeadline(time.Now()); return nil }
+func (k *keepOpen) Read(b []byte) (int, error)  { return k.f.Read(b) }
+func (k *keepOpen) Write(b []byte) (int, error) { return k.f.Write(b) }
+
+func (k *keepOpen) Close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.ended {
+		k.f.SetReadDeadline(time.Now())
+	}
+	return nil
+}
+
+func (k *keepOpen) end() {
+	k.mu.Lock()
+	k.ended = true
+	k.mu.Unlock()
+}

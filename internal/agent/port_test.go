@@ -3,7 +3,9 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +22,7 @@ type scriptedPort struct {
 	steps   [][]byte
 	written bytes.Buffer
 	closed  bool
+	expired bool // a read deadline in the past is set
 }
 
 func (p *scriptedPort) Read(b []byte) (int, error) {
@@ -28,6 +31,9 @@ func (p *scriptedPort) Read(b []byte) (int, error) {
 	defer p.mu.Unlock()
 	if p.closed {
 		return 0, io.ErrClosedPipe
+	}
+	if p.expired {
+		return 0, os.ErrDeadlineExceeded
 	}
 	if len(p.steps) == 0 {
 		return 0, io.EOF
@@ -59,7 +65,12 @@ func (p *scriptedPort) Close() error {
 	return nil
 }
 
-func (p *scriptedPort) SetReadDeadline(time.Time) error { return nil }
+func (p *scriptedPort) SetReadDeadline(t time.Time) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expired = !t.IsZero() && !t.After(time.Now())
+	return nil
+}
 
 func (p *scriptedPort) hellos(t *testing.T) int {
 	p.mu.Lock()
@@ -129,5 +140,22 @@ func TestServePortKeepsThePortOpen(t *testing.T) {
 	defer mu.Unlock()
 	if opened != 2 || !first.closed {
 		t.Fatalf("opened %d times, first closed %v: want the port kept open across sessions and reopened after the protocol error", opened, first.closed)
+	}
+}
+
+// Serve closes its connection from a goroutine that may run after Serve
+// returned; such a late Close must not cut the next session's reads.
+func TestKeepOpenIgnoresALateClose(t *testing.T) {
+	p := &scriptedPort{steps: [][]byte{[]byte("x")}}
+	k := &keepOpen{f: p}
+	k.end()
+	k.Close()
+	if n, err := (&keepOpen{f: p}).Read(make([]byte, 1)); n != 1 || err != nil {
+		t.Fatalf("read after a late Close = %d, %v", n, err)
+	}
+	k2 := &keepOpen{f: p}
+	k2.Close() // while its call runs: interrupts the read
+	if _, err := k2.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after Close during the call = %v, want a deadline error", err)
 	}
 }
