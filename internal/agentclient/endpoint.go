@@ -197,14 +197,30 @@ func (s *Endpoints) Client(ctx context.Context, id string) (*Client, error) {
 	return ep.Client(ctx)
 }
 
-// Wait waits until a sandbox's agent answers a call.
+// AnswerTimeout bounds how long Wait lets a connected agent take to answer
+// a trivial call before it treats the connection as dead.
+var AnswerTimeout = 10 * time.Second
+
+// Wait waits until a sandbox's agent answers a call. A connection that
+// finished its handshake but does not answer (the agent dropped that
+// session) is hung up, so the agent dials again (a VM's QEMU reconnects),
+// instead of waiting on it until ctx ends.
 func (s *Endpoints) Wait(ctx context.Context, id string) error {
-	c, err := s.Client(ctx, id)
-	if err != nil {
-		return err
+	for {
+		c, err := s.Client(ctx, id)
+		if err != nil {
+			return err
+		}
+		actx, cancel := context.WithTimeout(ctx, AnswerTimeout)
+		_, err = c.Info(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("agent of %s: %w", id, err)
+		}
+		s.log.Warn("agent connected but does not answer; hanging up so it reconnects", "sandbox_id", id, "err", err)
+		c.Close()
 	}
-	if _, err := c.Info(ctx); err != nil {
-		return fmt.Errorf("agent of %s: %w", id, err)
-	}
-	return nil
 }
