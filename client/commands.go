@@ -192,9 +192,9 @@ func isBase64(b []byte) bool {
 func decodeEvent(ev *Event, data []byte) error {
 	if ev.Name == "output" && len(data) >= len(outputHead)+len(outputTail) && bytes.HasPrefix(data, outputHead) && bytes.HasSuffix(data, outputTail) {
 		rest := data[len(outputHead) : len(data)-len(outputTail)]
-		if i := bytes.Index(rest, outputMid); i > 0 && isBase64(rest[i+len(outputMid):]) {
-			if stream := string(rest[:i]); stream == "stdout" || stream == "stderr" {
-				b64 := rest[i+len(outputMid):]
+		if i := bytes.Index(rest, outputMid); i > 0 {
+			stream, b64 := string(rest[:i]), rest[i+len(outputMid):]
+			if (stream == "stdout" || stream == "stderr") && isBase64(b64) {
 				out := make([]byte, base64.StdEncoding.DecodedLen(len(b64)))
 				n, err := base64.StdEncoding.Decode(out, b64)
 				if err != nil {

@@ -65,19 +65,22 @@ func main() {
 		// every wake. A failed unix connect costs microseconds.
 		first, most := 2*time.Millisecond, 50*time.Millisecond
 		backoff := first
+		wait := func() {
+			time.Sleep(backoff)
+			if backoff < most {
+				backoff *= 2
+			}
+		}
 		for {
 			conn, err := net.Dial("unix", target)
 			if err != nil {
-				time.Sleep(backoff)
-				if backoff < most {
-					backoff *= 2
-				}
+				wait()
 				continue
 			}
 			err = a.Serve(ctx, conn)
 			conn.Close()
 			if errors.Is(err, agent.ErrNoHost) {
-				time.Sleep(backoff) // accepted and closed at once
+				wait() // accepted and closed at once
 				continue
 			}
 			backoff = first

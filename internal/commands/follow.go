@@ -85,15 +85,16 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 			out, err := ag.ReadOutput(rctx, processID, asked, 1<<20, wait, sub)
 			if err != nil {
 				var pe *proto.Error
-				if rctx.Err() == nil && !errors.As(err, &pe) {
+				switch {
+				case errors.As(err, &pe):
+					err = AgentError("read output", err)
+				case rctx.Err() == nil:
 					// The agent went away (paused, suspended, restored,
 					// deleted). Reach it again while the sandbox runs;
 					// otherwise the stream is incomplete.
 					if ag, err = s.reacquire(rctx, sandboxID); err == nil {
 						continue
 					}
-				} else if errors.As(err, &pe) {
-					err = AgentError("read output", err)
 				}
 				select {
 				case batches <- batch{err: err}:
