@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/server"
 	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/store/sqlite"
@@ -123,18 +124,8 @@ func templatesInUse(ctx context.Context, dataDir string) (func(string) bool, err
 	}
 	defer st.Close()
 	used := map[string]bool{}
-	q := store.SandboxQuery{Limit: store.MaxLimit, IncludePool: true}
-	for {
-		page, err := st.ListSandboxes(ctx, q)
-		if err != nil {
-			return nil, fmt.Errorf("list sandboxes: %w", err)
-		}
-		for _, sb := range page.Items {
-			used[sb.Template.Digest] = true
-		}
-		if page.Next == "" {
-			return func(d string) bool { return used[d] }, nil
-		}
-		q.Cursor = page.Next
+	if err := store.EachSandbox(ctx, st, "", func(sb *sandbox.Sandbox) { used[sb.Template.Digest] = true }); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
+	return func(d string) bool { return used[d] }, nil
 }

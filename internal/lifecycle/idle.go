@@ -94,7 +94,8 @@ func (e *Engine) idleSweep(ctx context.Context) {
 	now := e.now()
 	e.flushActivity(ctx)
 	e.expireSweep(ctx, now)
-	eachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
+	// A sweep that cannot list sandboxes tries again at its next run.
+	store.EachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
 		if sb.Pool != "" || sb.ActiveOperation != "" || sb.AutoLifecycle.IdleAction == "" || sb.AutoLifecycle.IdleAction == "none" {
 			return
 		}
@@ -117,7 +118,7 @@ func (e *Engine) idleSweep(ctx context.Context) {
 		}
 	})
 	if limit := e.cfg.SuspendPausedAfter; limit > 0 {
-		eachSandbox(ctx, e.store, sandbox.Paused, func(sb *sandbox.Sandbox) {
+		store.EachSandbox(ctx, e.store, sandbox.Paused, func(sb *sandbox.Sandbox) {
 			if sb.ActiveOperation == "" && now.Sub(sb.UpdatedAt) >= limit {
 				if op, err := e.Suspend(ctx, sb.ID, nil); err == nil {
 					e.log.Info("paused too long: automatic suspend", "sandbox_id", sb.ID, "operation_id", op.ID)
@@ -139,22 +140,5 @@ func (e *Engine) flushActivity(ctx context.Context) {
 	a.mu.Unlock()
 	for id, t := range pending {
 		e.store.TouchSandbox(ctx, id, t)
-	}
-}
-
-func eachSandbox(ctx context.Context, st store.Store, state sandbox.State, fn func(*sandbox.Sandbox)) {
-	q := store.SandboxQuery{State: state, Limit: store.MaxLimit, IncludePool: true}
-	for {
-		page, err := st.ListSandboxes(ctx, q)
-		if err != nil {
-			return
-		}
-		for i := range page.Items {
-			fn(&page.Items[i])
-		}
-		if page.Next == "" {
-			return
-		}
-		q.Cursor = page.Next
 	}
 }

@@ -18,19 +18,8 @@ import (
 // resumed operations run in the background.
 func (e *Engine) Start(ctx context.Context) error {
 	for _, st := range []sandbox.State{sandbox.Running, sandbox.Paused, sandbox.Suspended} {
-		q := store.SandboxQuery{State: st, Limit: store.MaxLimit, IncludePool: true}
-		for {
-			page, err := e.store.ListSandboxes(ctx, q)
-			if err != nil {
-				return fmt.Errorf("list %s sandboxes: %w", st, err)
-			}
-			for i := range page.Items {
-				e.readopt(ctx, &page.Items[i])
-			}
-			if page.Next == "" {
-				break
-			}
-			q.Cursor = page.Next
+		if err := store.EachSandbox(ctx, e.store, st, func(sb *sandbox.Sandbox) { e.readopt(ctx, sb) }); err != nil {
+			return fmt.Errorf("list %s sandboxes: %w", st, err)
 		}
 	}
 	ops, err := e.store.UnfinishedOperations(ctx)

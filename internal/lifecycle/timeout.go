@@ -6,6 +6,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // The timeout rule. A sandbox with auto_lifecycle.timeout has, each time it
@@ -53,7 +54,7 @@ func (e *Engine) ExtendTimeout(ctx context.Context, id string, d time.Duration) 
 // expireSweep runs the timeout action of every running sandbox past its
 // deadline.
 func (e *Engine) expireSweep(ctx context.Context, now time.Time) {
-	eachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
+	store.EachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
 		if sb.Pool != "" || sb.ActiveOperation != "" || sb.ExpiresAt == nil || now.Before(*sb.ExpiresAt) {
 			return
 		}

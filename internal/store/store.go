@@ -123,6 +123,26 @@ type SandboxQuery struct {
 	IncludePool bool
 }
 
+// EachSandbox calls fn for every sandbox in state (empty: every state but
+// deleted), warm-pool sandboxes included, one page at a time. It stops at
+// the first error listing a page.
+func EachSandbox(ctx context.Context, st Store, state sandbox.State, fn func(*sandbox.Sandbox)) error {
+	q := SandboxQuery{State: state, Limit: MaxLimit, IncludePool: true}
+	for {
+		page, err := st.ListSandboxes(ctx, q)
+		if err != nil {
+			return err
+		}
+		for i := range page.Items {
+			fn(&page.Items[i])
+		}
+		if page.Next == "" {
+			return nil
+		}
+		q.Cursor = page.Next
+	}
+}
+
 // OperationQuery selects a page of operations.
 type OperationQuery struct {
 	SandboxID string // empty: all
