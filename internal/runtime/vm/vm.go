@@ -112,15 +112,15 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.endpoints = agentclient.NewEndpoints(r.agentPath, cfg.Logger)
 	r.pruneImages(ctx)
 	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
-	if err := r.buildInitramfs(); err != nil {
+	initramfsSum, err := r.buildInitramfs()
+	if err != nil {
 		return nil, err
 	}
 	r.accel, r.accelWhy = cfg.Accel, "configured"
 	if r.accel == "" {
 		r.accel, r.accelWhy = r.probeAccel(ctx)
 	}
-	var err error
-	if r.bootKey, err = r.makeBootKey(); err != nil {
+	if r.bootKey, err = r.makeBootKey(initramfsSum); err != nil {
 		return nil, err
 	}
 	r.log.Info("vm runtime ready", "accel", r.accel, "why", r.accelWhy, "kernel", cfg.Kernel)
@@ -129,15 +129,16 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 
 // buildInitramfs writes the initramfs (streamed: the agent is not held in
 // memory) to a new file and renames it over the old one; running VMs loaded
-// theirs at boot.
-func (r *Runtime) buildInitramfs() error {
+// theirs at boot. It returns the SHA-256 of what it wrote.
+func (r *Runtime) buildInitramfs() ([]byte, error) {
 	tmp := r.initramfs + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	bw := bufio.NewWriterSize(f, 256<<10)
-	err = BuildInitramfs(bw, r.cfg.AgentBin, r.cfg.Modules)
+	h := sha256.New()
+	err = BuildInitramfs(io.MultiWriter(bw, h), r.cfg.AgentBin, r.cfg.Modules)
 	if err == nil {
 		err = bw.Flush()
 	}
@@ -146,9 +147,9 @@ func (r *Runtime) buildInitramfs() error {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("vm: build initramfs: %w", err)
+		return nil, fmt.Errorf("vm: build initramfs: %w", err)
 	}
-	return os.Rename(tmp, r.initramfs)
+	return h.Sum(nil), os.Rename(tmp, r.initramfs)
 }
 
 func (r *Runtime) Name() string { return Name }
@@ -347,21 +348,21 @@ func shortDir(prefix, seed string) string {
 	return fmt.Sprintf("%s%08x", prefix, h)
 }
 
-// makeBootKey hashes the kernel, the initramfs (the agent and modules), the
-// QEMU binary's identity and the acceleration.
-func (r *Runtime) makeBootKey() (string, error) {
+// makeBootKey hashes the kernel, the initramfs's hash (the agent and
+// modules, hashed as it was written), the QEMU binary's identity and the
+// acceleration.
+func (r *Runtime) makeBootKey(initramfsSum []byte) (string, error) {
 	h := sha256.New()
-	for _, p := range []string{r.cfg.Kernel, r.initramfs} {
-		f, err := os.Open(p)
-		if err != nil {
-			return "", fmt.Errorf("vm: %w", err)
-		}
-		_, err = io.Copy(h, f)
-		f.Close()
-		if err != nil {
-			return "", fmt.Errorf("vm: hash %s: %w", p, err)
-		}
+	f, err := os.Open(r.cfg.Kernel)
+	if err != nil {
+		return "", fmt.Errorf("vm: %w", err)
 	}
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return "", fmt.Errorf("vm: hash %s: %w", r.cfg.Kernel, err)
+	}
+	h.Write(initramfsSum)
 	qemu, err := exec.LookPath(r.cfg.QEMU)
 	if err != nil {
 		return "", fmt.Errorf("vm: %w", err)
