@@ -4,7 +4,6 @@ package gvisor_test
 
 import (
 	"context"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +15,6 @@ import (
 	"github.com/spacesandbox/space/internal/runtime/gvisor"
 	"github.com/spacesandbox/space/internal/runtime/runtimetest"
 	"github.com/spacesandbox/space/internal/sandbox"
-	"github.com/spacesandbox/space/internal/templates"
 )
 
 // requireGVisor skips where gVisor cannot run — unless SPACE_REQUIRE_GVISOR=1
@@ -43,14 +41,7 @@ func requireGVisor(t *testing.T) string {
 func TestGVisorConformance(t *testing.T) {
 	runsc := requireGVisor(t)
 	agent := runtimetest.BuildAgent(t)
-	store, err := templates.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl, err := store.Build(context.Background(), "test", io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, tpl := runtimetest.TestTemplate(t)
 	runtimetest.Run(t, func(t *testing.T) runtimetest.Harness {
 		dir := t.TempDir()
 		// runsc keeps a network-namespace mount in its state directory.

@@ -6,6 +6,7 @@ package runtimetest
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/templates"
 )
 
 // Harness gives the suite a runtime under test and what it needs to use it.
@@ -272,6 +274,21 @@ func testAgentAcrossLifecycle(t *testing.T, h Harness) {
 	if _, _, err := oc.ReadFile(ctxFor(t, h), "/root/kept.txt", 0, 100); err == nil {
 		t.Fatal("a file written in one sandbox is visible in another")
 	}
+}
+
+// TestTemplate builds the builtin `test` template into a new template
+// store in a temporary directory.
+func TestTemplate(t *testing.T) (*templates.Store, templates.Template) {
+	t.Helper()
+	store, err := templates.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := store.Build(context.Background(), "test", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, tpl
 }
 
 // BuildAgent builds the static space-agent for a runtime under test.

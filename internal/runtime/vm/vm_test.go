@@ -4,7 +4,6 @@ package vm_test
 
 import (
 	"context"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +15,6 @@ import (
 	"github.com/spacesandbox/space/internal/runtime/runtimetest"
 	"github.com/spacesandbox/space/internal/runtime/vm"
 	"github.com/spacesandbox/space/internal/sandbox"
-	"github.com/spacesandbox/space/internal/templates"
 )
 
 // GuestDir is where scripts/install-deps unpacks the guest kernel.
@@ -48,14 +46,7 @@ func requireVM(t *testing.T) (qemu string) {
 func TestVMConformance(t *testing.T) {
 	qemu := requireVM(t)
 	agent := runtimetest.BuildAgent(t)
-	store, err := templates.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl, err := store.Build(context.Background(), "test", io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, tpl := runtimetest.TestTemplate(t)
 	runtimetest.Run(t, func(t *testing.T) runtimetest.Harness {
 		dir := t.TempDir()
 		var cur *vm.Runtime
@@ -113,14 +104,7 @@ func assertGone(t *testing.T, dir, id string) {
 func TestPruneDerivedImages(t *testing.T) {
 	qemu := requireVM(t)
 	agent := runtimetest.BuildAgent(t)
-	store, err := templates.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl, err := store.Build(context.Background(), "test", io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, tpl := runtimetest.TestTemplate(t)
 	kept := strings.TrimPrefix(tpl.Digest, "sha256:")
 	removed := strings.Repeat("ab", 32)
 	dir := t.TempDir()
@@ -129,6 +113,7 @@ func TestPruneDerivedImages(t *testing.T) {
 		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 			t.Fatal(err)
 		}
+		var err error
 		if isDir {
 			err = os.MkdirAll(p, 0o700)
 		} else {
