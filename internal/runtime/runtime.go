@@ -7,6 +7,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"net/netip"
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -21,6 +22,39 @@ type Spec struct {
 	// SnapshotDir is where Suspend writes and Restore reads the sandbox's
 	// saved state. It is owned by the sandbox and removed by Delete.
 	SnapshotDir string
+	// Net is the sandbox's network, made by the engine before Create and
+	// Restore and removed after Delete (nil: the sandbox has no network).
+	Net *Net
+}
+
+// NetKind is how a runtime plugs a sandbox into its network.
+type NetKind string
+
+// The kinds of network attachment.
+const (
+	// NetNone: the runtime gives its sandboxes no network.
+	NetNone NetKind = ""
+	// NetNamespace: a network namespace with a veth (eth0) configured
+	// with the sandbox's address and default route; the runtime runs the
+	// sandbox inside it (gvisor's netstack takes the interface over).
+	NetNamespace NetKind = "netns"
+	// NetTap: a tap device on the host; the runtime attaches it to a
+	// virtual NIC and the guest configures its address (vm).
+	NetTap NetKind = "tap"
+)
+
+// Net is a sandbox's network attachment.
+type Net struct {
+	Kind NetKind
+	// Netns is the path of the network namespace (NetNamespace).
+	Netns string
+	// Tap is the name of the tap device (NetTap).
+	Tap string
+	// Address is the sandbox's address and prefix length, Gateway its
+	// default route and DNS its resolver (SPACE's own).
+	Address netip.Prefix
+	Gateway netip.Addr
+	DNS     netip.Addr
 }
 
 // Status is what a runtime observes of a sandbox on the host.
@@ -41,6 +75,8 @@ var ErrNotFound = errors.New("sandbox not found in runtime")
 type Capabilities struct {
 	Pause   bool
 	Suspend bool
+	// Net is how the runtime attaches sandboxes to a network.
+	Net NetKind
 	// Detail is a human sentence on how the runtime runs here (for example
 	// the chosen acceleration and the reason).
 	Detail string

@@ -87,9 +87,12 @@ type Sandbox struct {
 	Env           map[string]string `json:"env"`
 	Metadata      map[string]string `json:"metadata"`
 	AutoLifecycle AutoLifecycle     `json:"auto_lifecycle"`
-	CreatedAt     time.Time         `json:"created_at"`
-	UpdatedAt     time.Time         `json:"updated_at"`
-	LastActiveAt  time.Time         `json:"last_active_at"`
+	// Network is the sandbox's network policy (nil: a record from before
+	// sandboxes had networks, treated as egress none).
+	Network      *Network  `json:"network,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
+	LastActiveAt time.Time `json:"last_active_at"`
 	// ExpiresAt is when a running sandbox's timeout action runs (nil without
 	// a timeout or when it is not running).
 	ExpiresAt *time.Time `json:"expires_at"`
@@ -167,4 +170,20 @@ func (sb *Sandbox) SetState(state State, at time.Time) {
 			sb.ExpiresAt = &t
 		}
 	}
+}
+
+// Network is a sandbox's network policy as the client gave it (see
+// internal/netpolicy for what it means and how it is checked).
+type Network struct {
+	// Egress is the default for destinations no rule names: "public" or
+	// "none".
+	Egress string `json:"egress"`
+	// Allow and Deny are CIDRs ("203.0.113.0/24", "198.51.100.7") or domain
+	// names ("pypi.org", "*.github.com"). Allow wins over Deny, both win
+	// over Egress; the floor wins over all.
+	Allow []string `json:"allow"`
+	Deny  []string `json:"deny"`
+	// PublicIngress lets anyone reach the sandbox's ports without its
+	// ingress token.
+	PublicIngress bool `json:"public_ingress"`
 }

@@ -1,0 +1,399 @@
+//go:build linux
+
+// Package network gives sandboxes their network: an address per sandbox in
+// a private range, a network namespace with a veth (gvisor) or a tap device
+// (vm), NAT out of one uplink, and the sandbox's policy enforced in three
+// places — nftables (addresses: the floor, CIDR rules, the default), SPACE's
+// own resolver (names) and a proxy for HTTP and TLS that reads the Host
+// header or SNI (domain rules on ports 80 and 443). Nothing here shells out:
+// links and routes are made over netlink, rules with nftables' netlink API.
+//
+// The host side, per server instance (its sandbox range names it):
+//
+//	<range>.1/32   the gateway address, on lo: the resolver and the proxy
+//	               listen there
+//	s<tag>x<n>     one veth end or tap per sandbox, <host>/30
+//	table inet space_<tag>   forward/input filters, DNAT to resolver and proxy, masquerade
+//	ip rule from <range> lookup <table>: sandboxes route out the uplink only
+//
+// Sandbox n owns the /30 at range+4n: .1 is the host's end, .2 the sandbox.
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/spacesandbox/space/internal/netpolicy"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// Config configures the sandbox network.
+type Config struct {
+	// Range is the sandboxes' address range (default 10.209.0.0/16).
+	Range netip.Prefix
+	// Uplink is the link sandbox traffic leaves by ("" : the host's
+	// default route's); Gateway the next hop on it (default: the default
+	// route's gateway through Uplink, if any).
+	Uplink  string
+	Gateway netip.Addr
+	// DNS is the upstream resolver (ADDR:PORT; default: the first
+	// nameserver of /etc/resolv.conf).
+	DNS string
+	// OpenPrivate are private ranges the floor lets sandboxes reach.
+	OpenPrivate []netip.Prefix
+	// StateDir keeps each sandbox's address allocation.
+	StateDir string
+	Logger   *slog.Logger
+}
+
+// DefaultRange is the sandboxes' address range unless configured.
+var DefaultRange = netip.MustParsePrefix("10.209.0.0/16")
+
+// Ports the resolver and proxy listen on at the gateway address.
+const (
+	dnsPort   = 10053
+	httpPort  = 10080
+	httpsPort = 10443
+)
+
+// Manager owns every sandbox's network on this host.
+type Manager struct {
+	cfg     Config
+	log     *slog.Logger
+	tag     string // names this instance's links and table
+	table   int    // its routing table
+	gw      netip.Addr
+	floor   *netpolicy.Floor
+	uplinks string // why egress may not work, for readyz-like reporting
+
+	mu    sync.Mutex
+	sbx   map[string]*sbxNet // by sandbox id
+	byIdx map[int]*sbxNet
+
+	closers []func()
+}
+
+// sbxNet is one sandbox's network.
+type sbxNet struct {
+	id     string
+	idx    int
+	kind   runtime.NetKind
+	policy *netpolicy.Policy
+	// learned maps an address the resolver answered this sandbox to the
+	// names it answered it for (for the proxy's domain rules).
+	learned *learned
+	stats   Stats
+}
+
+// New sets up the host side and starts the resolver and proxy. It needs
+// root (CAP_NET_ADMIN).
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if !cfg.Range.IsValid() {
+		cfg.Range = DefaultRange
+	}
+	cfg.Range = cfg.Range.Masked()
+	if !cfg.Range.Addr().Is4() || cfg.Range.Bits() > 24 || cfg.Range.Bits() < 8 {
+		return nil, fmt.Errorf("network: sandbox range %s must be IPv4, /8 to /24", cfg.Range)
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("network: no state directory")
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(cfg.Range.String()))
+	sum := h.Sum32()
+	m := &Manager{
+		cfg: cfg, log: cfg.Logger,
+		tag:   fmt.Sprintf("%04x", sum&0xffff),
+		table: 10000 + int(sum%50000),
+		gw:    cfg.Range.Addr().Next(),
+		sbx:   map[string]*sbxNet{}, byIdx: map[int]*sbxNet{},
+	}
+	if err := m.resolveUplink(); err != nil {
+		m.log.Warn("network: sandboxes have no egress", "err", err)
+		m.uplinks = err.Error()
+	}
+	if cfg.DNS == "" {
+		m.cfg.DNS = hostResolver()
+	}
+	m.floor = netpolicy.NewFloor(append([]netip.Prefix{cfg.Range}, hostAddrs()...), cfg.OpenPrivate)
+	if err := m.load(); err != nil {
+		return nil, err
+	}
+	if err := m.setupHost(); err != nil {
+		return nil, fmt.Errorf("network: host setup: %w", err)
+	}
+	if err := m.writeRules(); err != nil {
+		return nil, fmt.Errorf("network: rules: %w", err)
+	}
+	if err := m.serve(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	m.log.Info("network ready", "range", cfg.Range, "uplink", m.cfg.Uplink, "gateway", m.cfg.Gateway, "dns", m.cfg.DNS, "tag", m.tag)
+	return m, nil
+}
+
+// Close stops the resolver and proxy. Links, namespaces and rules stay:
+// running sandboxes keep their network across a server restart, and the
+// next New re-adopts them.
+func (m *Manager) Close() {
+	for _, c := range m.closers {
+		c()
+	}
+	m.closers = nil
+}
+
+// Destroy removes the host side (rules, gateway link, routing) and every
+// sandbox network this instance made. For tests and uninstall.
+func (m *Manager) Destroy() {
+	m.Close()
+	m.mu.Lock()
+	ids := make([]string, 0, len(m.sbx))
+	for id := range m.sbx {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	for _, id := range ids {
+		m.Detach(context.Background(), id)
+	}
+	m.teardownHost()
+}
+
+// Range is the sandboxes' address range.
+func (m *Manager) Range() netip.Prefix { return m.cfg.Range }
+
+// Egress says where sandbox traffic goes out, or why it cannot.
+func (m *Manager) Egress() string {
+	if m.uplinks != "" {
+		return "no egress: " + m.uplinks
+	}
+	return fmt.Sprintf("uplink %s via %s, resolver %s", m.cfg.Uplink, m.cfg.Gateway, m.cfg.DNS)
+}
+
+func (m *Manager) prefixOf(idx int) netip.Prefix {
+	a := m.cfg.Range.Addr().As4()
+	base := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	base += uint32(idx) * 4
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(base >> 24), byte(base >> 16), byte(base >> 8), byte(base)}), 30)
+}
+
+func (m *Manager) hostAddr(idx int) netip.Addr  { return m.prefixOf(idx).Addr().Next() }
+func (m *Manager) guestAddr(idx int) netip.Addr { return m.prefixOf(idx).Addr().Next().Next() }
+func (m *Manager) linkName(idx int) string      { return "s" + m.tag + "x" + strconv.Itoa(idx) }
+func (m *Manager) linkPrefix() string           { return "s" + m.tag + "x" }
+func (m *Manager) nsName(id string) string      { return "space-" + m.tag + "-" + id }
+func (m *Manager) nsPath(id string) string      { return filepath.Join("/run/netns", m.nsName(id)) }
+func (m *Manager) capacity() int                { return 1 << (32 - m.cfg.Range.Bits()) / 4 }
+
+// byAddr finds the sandbox that owns a source address.
+func (m *Manager) byAddr(a netip.Addr) *sbxNet {
+	a = a.Unmap()
+	if !m.cfg.Range.Contains(a) {
+		return nil
+	}
+	b := a.As4()
+	r := m.cfg.Range.Addr().As4()
+	off := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) -
+		(uint32(r[0])<<24 | uint32(r[1])<<16 | uint32(r[2])<<8 | uint32(r[3]))
+	idx := int(off / 4)
+	if a != m.guestAddr(idx) {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byIdx[idx]
+}
+
+func (m *Manager) attachment(s *sbxNet) *runtime.Net {
+	n := &runtime.Net{Kind: s.kind, Address: netip.PrefixFrom(m.guestAddr(s.idx), 30), Gateway: m.hostAddr(s.idx), DNS: m.gw}
+	switch s.kind {
+	case runtime.NetNamespace:
+		n.Netns = m.nsPath(s.id)
+	case runtime.NetTap:
+		n.Tap = m.linkName(s.idx)
+	}
+	return n
+}
+
+// Lookup returns a sandbox's attachment (nil when it has no network).
+func (m *Manager) Lookup(id string) *runtime.Net {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.sbx[id]; s != nil {
+		return m.attachment(s)
+	}
+	return nil
+}
+
+// Attach makes (or finds, or repairs) a sandbox's network of the given
+// kind with policy pol, and returns how to plug it in. Idempotent: after a
+// crash or a host reboot it makes whatever is missing.
+func (m *Manager) Attach(ctx context.Context, id string, kind runtime.NetKind, pol sandbox.Network) (*runtime.Net, error) {
+	p, err := netpolicy.Parse(pol)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	s := m.sbx[id]
+	if s == nil {
+		idx := -1
+		for i := 1; i < m.capacity(); i++ {
+			if m.byIdx[i] == nil {
+				idx = i
+				break
+			}
+		}
+		if idx < 0 {
+			m.mu.Unlock()
+			return nil, fmt.Errorf("network: all %d sandbox addresses of %s are in use", m.capacity()-1, m.cfg.Range)
+		}
+		s = &sbxNet{id: id, idx: idx, kind: kind, learned: newLearned()}
+		if err := m.saveAlloc(s); err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
+		m.sbx[id], m.byIdx[idx] = s, s
+	}
+	s.policy = p
+	s.kind = kind
+	m.mu.Unlock()
+	if err := m.makeLinks(s); err != nil {
+		return nil, fmt.Errorf("network of %s: %w", id, err)
+	}
+	if err := m.writeRules(); err != nil {
+		return nil, fmt.Errorf("network rules of %s: %w", id, err)
+	}
+	return m.attachment(s), nil
+}
+
+// Apply changes a sandbox's policy; new connections follow it at once.
+func (m *Manager) Apply(ctx context.Context, id string, pol sandbox.Network) error {
+	p, err := netpolicy.Parse(pol)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	s := m.sbx[id]
+	if s != nil {
+		s.policy = p
+	}
+	m.mu.Unlock()
+	if s == nil {
+		return nil // no network yet: Attach applies it
+	}
+	return m.writeRules()
+}
+
+// Detach removes a sandbox's network: links, namespace, rules, resolver
+// state and allocation. Absent is success.
+func (m *Manager) Detach(ctx context.Context, id string) error {
+	m.mu.Lock()
+	s := m.sbx[id]
+	m.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	var errs []error
+	if err := m.removeLinks(s); err != nil {
+		errs = append(errs, err)
+	}
+	m.mu.Lock()
+	delete(m.sbx, id)
+	delete(m.byIdx, s.idx)
+	m.mu.Unlock()
+	if err := m.writeRules(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.Remove(filepath.Join(m.cfg.StateDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Known lists the sandboxes that have a network here.
+func (m *Manager) Known() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.sbx))
+	for id := range m.sbx {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Dial connects to a port of a sandbox from the host (ingress).
+func (m *Manager) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	m.mu.Lock()
+	s := m.sbx[id]
+	m.mu.Unlock()
+	if s == nil {
+		return nil, errors.New("sandbox has no network")
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", netip.AddrPortFrom(m.guestAddr(s.idx), uint16(port)).String())
+}
+
+// saveAlloc records a sandbox's address index and kind (atomically).
+func (m *Manager) saveAlloc(s *sbxNet) error {
+	p := filepath.Join(m.cfg.StateDir, s.id)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %s\n", s.idx, s.kind)), 0o600); err != nil {
+		return fmt.Errorf("network: record allocation: %w", err)
+	}
+	return os.Rename(tmp, p)
+}
+
+// load reads the allocations of a previous run. Policies come back with
+// the engine's Attach calls at recovery; until then a sandbox is held to
+// egress none.
+func (m *Manager) load() error {
+	ents, err := os.ReadDir(m.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	none, _ := netpolicy.Parse(netpolicy.Default)
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".tmp") {
+			os.Remove(filepath.Join(m.cfg.StateDir, e.Name()))
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(m.cfg.StateDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 1 {
+			continue
+		}
+		idx, err := strconv.Atoi(f[0])
+		if err != nil || idx < 1 || idx >= m.capacity() || m.byIdx[idx] != nil {
+			m.log.Warn("network: dropping a malformed allocation", "file", e.Name())
+			os.Remove(filepath.Join(m.cfg.StateDir, e.Name()))
+			continue
+		}
+		kind := runtime.NetNamespace
+		if len(f) > 1 {
+			kind = runtime.NetKind(f[1])
+		}
+		s := &sbxNet{id: e.Name(), idx: idx, kind: kind, policy: none, learned: newLearned()}
+		m.sbx[s.id], m.byIdx[idx] = s, s
+	}
+	return nil
+}

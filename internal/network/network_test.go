@@ -1,0 +1,208 @@
+//go:build linux
+
+package network
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/spacesandbox/space/internal/network/nettest"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// These tests drive the host side with plain network namespaces standing in
+// for sandboxes (the runtimes' own tests and the e2e suites run real
+// gVisor and QEMU sandboxes on it). Every packet stays in namespaces the
+// test makes.
+
+func newManager(t *testing.T, up *nettest.Upstream, rng string) *Manager {
+	t.Helper()
+	m, err := New(context.Background(), Config{
+		Range: netip.MustParsePrefix(rng), Uplink: up.Uplink, Gateway: up.Gateway, DNS: up.DNS, StateDir: t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Destroy)
+	return m
+}
+
+// curl runs curl inside a sandbox's namespace and returns its output, or
+// the error text.
+func curl(m *Manager, id string, args ...string) string {
+	all := []string{"netns", "exec", m.nsName(id), "curl", "-sS", "-m", "2", "-k"}
+	for _, a := range args {
+		all = append(all, strings.Fields(a)...)
+	}
+	out, err := exec.Command("ip", all...).CombinedOutput()
+	if err != nil {
+		return "ERR " + strings.TrimSpace(string(out))
+	}
+	return string(out)
+}
+
+// lookup resolves name from inside a sandbox's namespace through the
+// sandbox's resolver (any server address will do: every query is
+// redirected to it). The socket is made in the namespace; the exchange
+// runs anywhere.
+func lookup(m *Manager, id, name string) ([]string, error) {
+	var c net.Conn
+	if err := nettest.InNS(m.nsName(id), func() (err error) { c, err = net.Dial("udp", "192.0.2.53:53"); return }); err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	dc := &dns.Conn{Conn: c}
+	if err := dc.WriteMsg(q); err != nil {
+		return nil, err
+	}
+	r, err := dc.ReadMsg()
+	if err != nil {
+		return nil, err
+	}
+	if r.Rcode != dns.RcodeSuccess {
+		return nil, fmt.Errorf("%s: %s", name, dns.RcodeToString[r.Rcode])
+	}
+	var out []string
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			out = append(out, a.A.String())
+		}
+	}
+	return out, nil
+}
+
+func reached(out string) bool { return strings.HasPrefix(out, nettest.HTTPBody) }
+
+func TestEgressPolicyInNamespaces(t *testing.T) {
+	nettest.Root(t)
+	up := nettest.NewUpstream(t, 1)
+	m := newManager(t, up, "10.231.0.0/16")
+	ctx := context.Background()
+	pub, pub2 := up.Public[0].String(), up.Public[1].String()
+
+	a, err := m.Attach(ctx, "sbx_a", runtime.NetNamespace, sandbox.Network{Egress: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Attach(ctx, "sbx_b", runtime.NetNamespace, sandbox.Network{Egress: "none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := curl(m, "sbx_a", "http://"+pub+"/"); !reached(out) {
+		t.Fatalf("public egress: %s", out)
+	}
+	if out := curl(m, "sbx_b", "http://"+pub+"/"); reached(out) {
+		t.Fatalf("egress none reached upstream: %s", out)
+	}
+
+	t.Run("Floor", func(t *testing.T) {
+		for _, target := range []string{
+			"http://" + up.Private.String() + "/", "http://" + up.Metadata.String() + "/",
+			"http://" + a.Gateway.String() + "/", "http://" + b.Address.Addr().String() + ":7/",
+			"http://" + m.gw.String() + ":10080/",
+		} {
+			if out := curl(m, "sbx_a", target); reached(out) || !strings.HasPrefix(out, "ERR") {
+				t.Errorf("%s reached from a sandbox: %s", target, out)
+			}
+		}
+		// The same listeners answer from their own namespace.
+		for _, target := range []string{"http://" + up.Private.String() + "/", "http://" + up.Metadata.String() + "/"} {
+			if out, err := nettest.Get(up.NS, target); err != nil || !reached(out) {
+				t.Errorf("%s not reachable from upstream itself: %v %s", target, err, out)
+			}
+		}
+	})
+
+	t.Run("CIDRRules", func(t *testing.T) {
+		if err := m.Apply(ctx, "sbx_a", sandbox.Network{Egress: "public", Deny: []string{pub + "/32"}}); err != nil {
+			t.Fatal(err)
+		}
+		if out := curl(m, "sbx_a", "http://"+pub+"/"); reached(out) {
+			t.Errorf("denied CIDR reached: %s", out)
+		}
+		if out := curl(m, "sbx_a", "http://"+pub2+"/"); !reached(out) {
+			t.Errorf("other address blocked: %s", out)
+		}
+		m.Apply(ctx, "sbx_a", sandbox.Network{Egress: "none", Allow: []string{pub2}})
+		if out := curl(m, "sbx_a", "http://"+pub2+"/"); !reached(out) {
+			t.Errorf("allowed address blocked: %s", out)
+		}
+		if out := curl(m, "sbx_a", "http://"+pub+"/"); reached(out) {
+			t.Errorf("egress none reached a not-allowed address: %s", out)
+		}
+	})
+
+	t.Run("Domains", func(t *testing.T) {
+		m.Apply(ctx, "sbx_a", sandbox.Network{Egress: "none", Allow: []string{"allowed.example.test", "*.github.test"}})
+		if addrs, err := lookup(m, "sbx_a", "allowed.example.test"); err != nil || len(addrs) != 1 || addrs[0] != pub {
+			t.Fatalf("allowed name: %v %v", addrs, err)
+		}
+		if _, err := lookup(m, "sbx_a", "other.example.test"); err == nil {
+			t.Errorf("a name egress none does not allow resolved")
+		}
+		resolve := func(name, addr string) string { return "--resolve " + name + ":443:" + addr }
+		resolve80 := func(name, addr string) string { return "--resolve " + name + ":80:" + addr }
+		if out := curl(m, "sbx_a", resolve("allowed.example.test", pub), "https://allowed.example.test/"); !reached(out) {
+			t.Errorf("https to an allowed domain: %s", out)
+		}
+		if out := curl(m, "sbx_a", resolve80("allowed.example.test", pub), "http://allowed.example.test/"); !reached(out) {
+			t.Errorf("http to an allowed domain: %s", out)
+		}
+		// The allowed name at an address it did not resolve to (literal-IP bypass).
+		if out := curl(m, "sbx_a", resolve("allowed.example.test", pub2), "https://allowed.example.test/"); reached(out) {
+			t.Errorf("allowed SNI at another address reached: %s", out)
+		}
+		if out := curl(m, "sbx_a", "https://"+pub+"/"); reached(out) {
+			t.Errorf("literal IP without an allowed rule reached: %s", out)
+		}
+		if out := curl(m, "sbx_a", resolve("other.example.test", pub2), "https://other.example.test/"); reached(out) {
+			t.Errorf("not-allowed domain reached: %s", out)
+		}
+		lookup(m, "sbx_a", "api.github.test")
+		if out := curl(m, "sbx_a", resolve("api.github.test", pub2), "https://api.github.test/"); !reached(out) {
+			t.Errorf("wildcard domain: %s", out)
+		}
+
+		m.Apply(ctx, "sbx_a", sandbox.Network{Egress: "public", Deny: []string{"denied.example.test"}})
+		if _, err := lookup(m, "sbx_a", "denied.example.test"); err == nil {
+			t.Errorf("denied name resolved")
+		}
+		if out := curl(m, "sbx_a", resolve("denied.example.test", pub), "https://denied.example.test/"); reached(out) {
+			t.Errorf("denied SNI reached: %s", out)
+		}
+		if out := curl(m, "sbx_a", resolve80("denied.example.test", pub), "http://denied.example.test/"); reached(out) || !strings.Contains(out, "blocked") {
+			t.Errorf("denied Host reached: %s", out)
+		}
+		if out := curl(m, "sbx_a", resolve("www.example.test", pub), "https://www.example.test/"); !reached(out) {
+			t.Errorf("public egress to another name at the same address: %s", out)
+		}
+	})
+
+	t.Run("Detach", func(t *testing.T) {
+		if err := m.Detach(ctx, "sbx_b"); err != nil {
+			t.Fatal(err)
+		}
+		if err := exec.Command("ip", "netns", "exec", m.nsName("sbx_b"), "true").Run(); err == nil {
+			t.Errorf("namespace left behind")
+		}
+		if err := exec.Command("ip", "link", "show", m.linkName(1)).Run(); err != nil {
+			t.Errorf("the other sandbox's link went too: %v", err)
+		}
+		out, _ := exec.Command("ip", "link", "show").CombinedOutput()
+		if strings.Contains(string(out), fmt.Sprintf("%sx%d", "s"+m.tag, 2)) {
+			t.Errorf("link left behind: %s", out)
+		}
+	})
+}
