@@ -10,14 +10,20 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/network/nettest"
 )
+
+// upstreams numbers the test networks of real servers.
+var upstreams atomic.Int32
 
 // Binaries built once per test run.
 var (
@@ -81,6 +87,9 @@ type server struct {
 	token   string
 	// template is what createRunning creates sandboxes from ("" = default).
 	template string
+	// up is the "internet" the server's sandboxes reach (real runtimes):
+	// a network namespace this test made; no test packet leaves the host.
+	up *nettest.Upstream
 
 	mu   sync.Mutex // guards cmd and done
 	cmd  *exec.Cmd
@@ -114,6 +123,14 @@ func startServer(t *testing.T, o serverOpts) *server {
 	// process can take a port between picking and binding it. A restart
 	// reuses the ports learned here (clients keep their URLs).
 	s := &server{t: t, bin: o.bin, dataDir: o.dataDir, apiAddr: "127.0.0.1:0", dpAddr: "127.0.0.1:0", ecwAddr: "127.0.0.1:0", env: o.env, args: o.args, template: o.template}
+	if o.bin == spaceBin && !slices.Contains(o.args, "--sandbox-network") {
+		// Every real server's sandboxes get their own range, and their
+		// uplink leads into a namespace of this test, never the real network.
+		n := int(upstreams.Add(1)) % 64
+		s.up = nettest.NewUpstream(t, n)
+		s.args = append(slices.Clone(s.args), "--sandbox-network", fmt.Sprintf("10.%d.0.0/16", 100+n),
+			"--egress-uplink", s.up.Uplink, "--egress-gateway", s.up.Gateway.String(), "--egress-dns", s.up.DNS)
+	}
 	s.start()
 	t.Cleanup(s.stop)
 	b, err := os.ReadFile(filepath.Join(s.dataDir, "api-token"))
@@ -319,6 +336,10 @@ func (s *server) doAt(addr, method, path, token string, body []byte, headers ...
 	}
 	for _, h := range headers {
 		k, v, _ := strings.Cut(h, ":")
+		if strings.EqualFold(strings.TrimSpace(k), "Host") {
+			req.Host = strings.TrimSpace(v)
+			continue
+		}
 		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
 	resp, err := http.DefaultClient.Do(req)

@@ -26,6 +26,14 @@ func configure(c proto.Configure, entropy []byte) error {
 		if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
 			return proto.Errorf(proto.CodePermissionDenied, "set hostname: %v", err)
 		}
+		if err := writeHosts(c.Hostname); err != nil {
+			return proto.Errorf(proto.CodeInternal, "write /etc/hosts: %v", err)
+		}
+	}
+	if c.Network != nil && os.Getpid() == 1 {
+		if err := configureNetwork(*c.Network); err != nil {
+			return proto.Errorf(proto.CodeInternal, "configure network: %v", err)
+		}
 	}
 	if c.UnixNano != 0 {
 		tv := unix.NsecToTimeval(c.UnixNano)

@@ -23,6 +23,7 @@ type DataPlane struct {
 	log     *slog.Logger
 	idem    *idempotency
 	router  *router
+	ingress *ingress
 	// Keepalive is the longest silence on a stream (api.md: ≤ 15 s).
 	Keepalive time.Duration
 }
@@ -34,12 +35,17 @@ type DataPlaneConfig struct {
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
 	BootID   string
+	// Ingress, when set, proxies to sandbox ports (see ingress.go).
+	Ingress *IngressConfig
 }
 
 // NewDataPlane builds the data-plane handler.
 func NewDataPlane(cfg DataPlaneConfig) *DataPlane {
 	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: newIdempotency(cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
 	d.router = newRouter(d.Routes())
+	if cfg.Ingress != nil {
+		d.ingress = newIngress(*cfg.Ingress, cfg.Logger)
+	}
 	return d
 }
 
@@ -60,6 +66,12 @@ func (d *DataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
 // ServeHTTP routes a data-plane request and authenticates it with the
 // session's attachment token.
 func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if d.ingress != nil {
+		if id, port, path, ok := d.ingress.match(r); ok {
+			d.ingress.serve(w, r, id, port, path)
+			return
+		}
+	}
 	if r.URL.Path == "/healthz" && r.Method == http.MethodGet {
 		writeJSON(w, r, d.log, http.StatusOK, map[string]string{"status": "ok"})
 		return

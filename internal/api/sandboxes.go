@@ -115,7 +115,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params)
 			return response{}, err
 		}
 		build := func(sb *sandbox.Sandbox, op *sandbox.Operation) any {
-			return createResponse{Sandbox: sb, Operation: op}
+			return createResponse{Sandbox: s.present(sb), Operation: op}
 		}
 		sb, op, err := s.engine.Create(r.Context(), req, i.render(http.StatusAccepted, operationLocation, build))
 		if err != nil {
@@ -147,6 +147,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p params)
 		s.fail(w, r, err)
 		return
 	}
+	for i := range page.Items {
+		page.Items[i] = *s.present(&page.Items[i])
+	}
 	writeJSON(w, r, s.log, http.StatusOK, toList(page))
 }
 
@@ -164,7 +167,38 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p params) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, r, s.log, http.StatusOK, sb)
+	writeJSON(w, r, s.log, http.StatusOK, s.present(sb))
+}
+
+// present is a sandbox as clients see it: with its ingress token.
+func (s *Server) present(sb *sandbox.Sandbox) *sandbox.Sandbox {
+	if sb == nil || sb.Network == nil || s.commands == nil {
+		return sb
+	}
+	c, n := *sb, *sb.Network
+	n.IngressToken = s.commands.Signer().IngressToken(sb.ID)
+	c.Network = &n
+	return &c
+}
+
+// putNetwork replaces a sandbox's network policy.
+func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request, p params) {
+	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		var n sandbox.Network
+		id, err := sandboxJSON(r, p, body, &n)
+		if err != nil {
+			return response{}, err
+		}
+		if n.IngressToken != "" {
+			return response{}, errdefs.New(errdefs.InvalidArgument, "network.ingress_token is read-only").WithDetails(map[string]any{"field": "network.ingress_token"})
+		}
+		sb, err := s.engine.UpdateNetwork(r.Context(), id, n)
+		if err != nil {
+			return response{}, err
+		}
+		b, err := marshal(s.present(sb))
+		return response{status: http.StatusOK, body: b}, err
+	})
 }
 
 // lifecycleHandler serves DELETE and the :pause, :suspend and :wake methods.

@@ -82,6 +82,7 @@ func (s *Server) Routes() []Route {
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:pause", Auth: true, Handler: s.lifecycleHandler(sandbox.OpPause)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Handler: s.lifecycleHandler(sandbox.OpWake)},
+		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/network", Auth: true, Handler: s.putNetwork},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Handler: s.createCommand},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Handler: s.listProcesses},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes/{process_id}", Auth: true, Handler: s.getProcess},

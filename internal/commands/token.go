@@ -122,6 +122,24 @@ func (s *Signer) SandboxAccessToken(sandboxID string) string {
 	return SandboxAccessPrefix + base64.RawURLEncoding.EncodeToString(s.mac("sandbox-access\x00"+sandboxID))
 }
 
+// IngressToken reaches a sandbox's ports through the data plane: an HMAC of
+// the sandbox id under its own label, so it grants nothing else.
+func (s *Signer) IngressToken(sandboxID string) string {
+	return IngressPrefix + base64.RawURLEncoding.EncodeToString(s.mac("sandbox-ingress\x00"+sandboxID))
+}
+
+// IngressPrefix starts every ingress token.
+const IngressPrefix = "spi_"
+
+// VerifyIngress checks an ingress token in constant time.
+func (s *Signer) VerifyIngress(token, sandboxID string) error {
+	want := s.IngressToken(sandboxID)
+	if len(token) > 256 || !hmac.Equal([]byte(token), []byte(want)) {
+		return errdefs.New(errdefs.Unauthenticated, "missing or invalid ingress token (X-Space-Ingress-Token)")
+	}
+	return nil
+}
+
 // VerifySandboxAccess checks a sandbox access token in constant time.
 func (s *Signer) VerifySandboxAccess(token, sandboxID string) error {
 	want := s.SandboxAccessToken(sandboxID)

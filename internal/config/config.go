@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -57,6 +58,23 @@ type Serve struct {
 	IdleTimeout        time.Duration
 	IdleAction         string
 	SuspendPausedAfter time.Duration
+	// SandboxNetwork is the sandboxes' address range ("off": sandboxes
+	// get no network at all).
+	SandboxNetwork string
+	// EgressUplink and EgressGateway are the link sandbox traffic leaves by
+	// and its next hop ("": the host's default route); EgressDNS the
+	// upstream resolver ("": the host's).
+	EgressUplink  string
+	EgressGateway string
+	EgressDNS     string
+	// DefaultEgress is the egress of sandboxes that name none.
+	DefaultEgress string
+	// EgressAllowPrivate are private ranges sandboxes may reach (CIDRs,
+	// comma-separated), taken off the floor.
+	EgressAllowPrivate string
+	// SandboxDomain is the domain of sandbox host names
+	// ({port}-{id}.{domain}) the data plane routes to sandbox ports.
+	SandboxDomain string
 }
 
 // Flags registers s's fields on fs, with defaults taken from the
@@ -103,6 +121,29 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.IdleAction, "idle-action", "none", "default idle action: none, pause or suspend")
 	dur(&s.SuspendPausedAfter, "suspend-paused-after", 0, "suspend sandboxes paused longer than this (0: never)")
 	dur(&s.AttachTokenTTL, "attach-token-ttl", 24*time.Hour, "how long a command session's attachment token is valid")
+	str(&s.SandboxNetwork, "sandbox-network", "10.209.0.0/16", "sandboxes' address range (a /30 each), or \"off\" for sandboxes without any network")
+	str(&s.EgressUplink, "egress-uplink", "", "link sandbox traffic leaves by (default: the host's default route's)")
+	str(&s.EgressGateway, "egress-gateway", "", "next hop on the uplink (default: the default route's gateway)")
+	str(&s.EgressDNS, "egress-dns", "", "upstream resolver ADDR:PORT the sandboxes' resolver forwards allowed names to (default: the host's first nameserver)")
+	str(&s.DefaultEgress, "default-egress", "public", "egress of sandboxes whose create names none: public or none")
+	str(&s.EgressAllowPrivate, "egress-allow-private", "", "private ranges sandboxes may reach despite the floor, like \"10.1.2.0/24\" (comma-separated)")
+	str(&s.SandboxDomain, "sandbox-domain", "", "domain of sandbox port host names {port}-{id}.{domain} served by the data plane (default: localhost:<data-plane port>)")
+}
+
+// OpenPrivate parses --egress-allow-private.
+func (s *Serve) OpenPrivate() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(s.EgressAllowPrivate, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-allow-private: %v", err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // EnvName is the environment variable of a flag: data-dir → SPACE_DATA_DIR.
@@ -125,6 +166,29 @@ func (s *Serve) Validate() error {
 	}
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key must be given together"))
+	}
+	switch s.DefaultEgress {
+	case "public", "none":
+	default:
+		errs = append(errs, errors.New("--default-egress must be public or none"))
+	}
+	if s.SandboxNetwork != "off" {
+		if _, err := netip.ParsePrefix(s.SandboxNetwork); err != nil {
+			errs = append(errs, fmt.Errorf("--sandbox-network: %v", err))
+		}
+	}
+	if s.EgressGateway != "" {
+		if _, err := netip.ParseAddr(s.EgressGateway); err != nil {
+			errs = append(errs, fmt.Errorf("--egress-gateway: %v", err))
+		}
+	}
+	if s.EgressDNS != "" {
+		if _, err := netip.ParseAddrPort(s.EgressDNS); err != nil {
+			errs = append(errs, fmt.Errorf("--egress-dns must be ADDR:PORT: %v", err))
+		}
+	}
+	if _, err := s.OpenPrivate(); err != nil {
+		errs = append(errs, err)
 	}
 	addrs := map[string]string{"--api-addr": s.APIAddr, "--data-plane-addr": s.DataPlaneAddr}
 	if s.ECWAddr != "" {

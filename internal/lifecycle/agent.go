@@ -57,6 +57,9 @@ func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.
 	cfg := proto.Configure{UnixNano: time.Now().UnixNano()}
 	if withHostname {
 		cfg.Hostname = Hostname(spec.SandboxID)
+		if n := spec.Net; n != nil {
+			cfg.Network = &proto.NetConfig{Address: n.Address.String(), Gateway: n.Gateway.String(), DNS: n.DNS.String()}
+		}
 	}
 	entropy := make([]byte, 64)
 	rand.Read(entropy)

@@ -28,6 +28,21 @@ type Templates interface {
 	Resolve(ctx context.Context, ref string) (sandbox.TemplateRef, error)
 }
 
+// Network gives sandboxes their network (internal/network).
+type Network interface {
+	// Attach makes or repairs a sandbox's network of a runtime's kind with
+	// a policy, and returns how to plug it in; starting: the runtime is
+	// about to start the sandbox in it (create, restore), not re-adopt it.
+	// Idempotent.
+	Attach(ctx context.Context, id string, kind runtime.NetKind, policy sandbox.Network, starting bool) (*runtime.Net, error)
+	// Apply changes a running sandbox's policy for new connections.
+	Apply(ctx context.Context, id string, policy sandbox.Network) error
+	// Detach removes a sandbox's network; absent is success.
+	Detach(ctx context.Context, id string) error
+	// Lookup returns a sandbox's attachment (nil for none).
+	Lookup(id string) *runtime.Net
+}
+
 // Observer receives the outcome of every operation (for metrics).
 type Observer interface {
 	OperationFinished(kind sandbox.OpKind, state sandbox.OpState, d time.Duration)
@@ -45,6 +60,12 @@ type Config struct {
 	SnapshotRoot string
 	Logger       *slog.Logger
 	Observer     Observer
+	// Network gives sandboxes of runtimes that take one a network (nil:
+	// no sandbox has a network).
+	Network Network
+	// DefaultEgress is the egress of sandboxes whose create names none
+	// ("public" or "none"; default "none").
+	DefaultEgress string
 	Limits       Limits
 	// MaxActiveSandboxes caps sandboxes that are neither deleted nor failed
 	// (0 = no cap); a create beyond it is resource_exhausted.
@@ -214,7 +235,7 @@ func (r Render) completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Co
 
 // Create records a new sandbox and its create operation and starts it.
 func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
-	if err := req.normalize(e.cfg.Limits, e.cfg.DefaultAutoLifecycle); err != nil {
+	if err := req.normalize(e.cfg.Limits, e.cfg.DefaultAutoLifecycle, e.cfg.DefaultEgress); err != nil {
 		return nil, nil, err
 	}
 	if err := e.Ready(); err != nil {
@@ -239,7 +260,7 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 	now := e.now()
 	sb := &sandbox.Sandbox{
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rtName,
-		Resources: *req.Resources, Env: req.Env, Metadata: req.Metadata, AutoLifecycle: *req.AutoLifecycle,
+		Resources: *req.Resources, Env: req.Env, Metadata: req.Metadata, AutoLifecycle: *req.AutoLifecycle, Network: req.Network,
 		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
@@ -347,7 +368,11 @@ func (e *Engine) Operations(ctx context.Context, q store.OperationQuery) (store.
 func (e *Engine) snapshotDir(id string) string { return filepath.Join(e.cfg.SnapshotRoot, id) }
 
 func (e *Engine) spec(sb *sandbox.Sandbox) runtime.Spec {
-	return runtime.Spec{SandboxID: sb.ID, Template: sb.Template, Resources: sb.Resources, Env: sb.Env, SnapshotDir: e.snapshotDir(sb.ID)}
+	spec := runtime.Spec{SandboxID: sb.ID, Template: sb.Template, Resources: sb.Resources, Env: sb.Env, SnapshotDir: e.snapshotDir(sb.ID)}
+	if e.cfg.Network != nil {
+		spec.Net = e.cfg.Network.Lookup(sb.ID)
+	}
+	return spec
 }
 
 func (e *Engine) observe(op sandbox.Operation, d time.Duration) {

@@ -109,7 +109,7 @@ func (e *Engine) claim(ctx context.Context, req CreateRequest, tpl sandbox.Templ
 	}
 	now := e.now()
 	sb, op, err := e.store.ClaimPoolSandbox(ctx, poolKey(rt, tpl.Digest, *req.Resources), func(sb *sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error) {
-		sb.Template, sb.Env, sb.Metadata, sb.AutoLifecycle = tpl, req.Env, req.Metadata, *req.AutoLifecycle
+		sb.Template, sb.Env, sb.Metadata, sb.AutoLifecycle, sb.Network = tpl, req.Env, req.Metadata, *req.AutoLifecycle, req.Network
 		sb.CreatedAt, sb.LastActiveAt, sb.ExpiresAt = now, now, nil
 		sb.SetState(sandbox.Running, now) // its timeout starts now
 		op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpSucceeded,
@@ -125,6 +125,12 @@ func (e *Engine) claim(ctx context.Context, req CreateRequest, tpl sandbox.Templ
 		return nil, nil
 	}
 	e.kickPools()
+	// Its user's network policy, before the user can run anything in it.
+	if e.cfg.Network != nil && sb.Network != nil {
+		if err := e.cfg.Network.Apply(ctx, sb.ID, *sb.Network); err != nil {
+			e.log.Error("apply the network policy of a claimed sandbox", "sandbox_id", sb.ID, "err", err)
+		}
+	}
 	// Its own clock and entropy, now that it is someone's.
 	e.loops.Add(1)
 	go func() {
@@ -205,6 +211,7 @@ func (e *Engine) createPooled(ctx context.Context, key string, tpl sandbox.Templ
 	sb := &sandbox.Sandbox{
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rt, Resources: DefaultResources,
 		Env: map[string]string{}, Metadata: map[string]string{}, AutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: "720h", IdleAction: "none"},
+		Network:   &sandbox.Network{Egress: "none", Allow: []string{}, Deny: []string{}}, // its user's policy comes with the claim
 		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: key,
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}

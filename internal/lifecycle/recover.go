@@ -22,6 +22,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			return fmt.Errorf("list %s sandboxes: %w", st, err)
 		}
 	}
+	e.pruneNetworks(ctx)
 	ops, err := e.store.UnfinishedOperations(ctx)
 	if err != nil {
 		return fmt.Errorf("list unfinished operations: %w", err)
@@ -57,7 +58,12 @@ func (e *Engine) readopt(ctx context.Context, sb *sandbox.Sandbox) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	status, err := rt.Recover(rctx, e.spec(sb))
+	spec := e.spec(sb)
+	// Its network and policy, re-made where a host reboot took them.
+	if err := e.attach(rctx, rt, sb, &spec, false); err != nil {
+		log.Error("re-attach sandbox network", "err", err)
+	}
+	status, err := rt.Recover(rctx, spec)
 	if err != nil {
 		log.Error("re-adopt sandbox", "err", err)
 		return

@@ -1,12 +1,14 @@
 package lifecycle
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/netpolicy"
 	"github.com/spacesandbox/space/internal/sandbox"
 )
 
@@ -19,6 +21,7 @@ type CreateRequest struct {
 	Env           map[string]string      `json:"env,omitempty"`
 	Metadata      map[string]string      `json:"metadata,omitempty"`
 	AutoLifecycle *sandbox.AutoLifecycle `json:"auto_lifecycle,omitempty"`
+	Network       *sandbox.Network       `json:"network,omitempty"`
 }
 
 // Limits bound what a create may ask for.
@@ -54,10 +57,10 @@ var (
 // Normalize checks r against limits and fills in defaults. Every problem is
 // an errdefs.InvalidArgument naming the field.
 func (r *CreateRequest) Normalize(l Limits) error {
-	return r.normalize(l, DefaultAutoLifecycle)
+	return r.normalize(l, DefaultAutoLifecycle, netpolicy.EgressNone)
 }
 
-func (r *CreateRequest) normalize(l Limits, defaultAL sandbox.AutoLifecycle) error {
+func (r *CreateRequest) normalize(l Limits, defaultAL sandbox.AutoLifecycle, defaultEgress string) error {
 	bad := func(field, format string, args ...any) error {
 		return errdefs.New(errdefs.InvalidArgument, "%s: %s", field, fmt.Sprintf(format, args...)).
 			WithDetails(map[string]any{"field": field})
@@ -165,5 +168,30 @@ func (r *CreateRequest) normalize(l Limits, defaultAL sandbox.AutoLifecycle) err
 		return bad("auto_lifecycle.idle_action", "must be pause, suspend or none")
 	}
 	r.AutoLifecycle = &al
+	if r.Network == nil {
+		r.Network = &sandbox.Network{}
+	}
+	if r.Network.IngressToken != "" {
+		return bad("network.ingress_token", "is read-only")
+	}
+	if defaultEgress == "" {
+		defaultEgress = netpolicy.EgressNone
+	}
+	if err := NormalizeNetwork(r.Network, defaultEgress); err != nil {
+		return err
+	}
+	return nil
+}
+
+// NormalizeNetwork fills in a network policy's defaults and validates it;
+// a problem is an errdefs.InvalidArgument naming the field.
+func NormalizeNetwork(n *sandbox.Network, defaultEgress string) error {
+	if err := netpolicy.Normalize(n, defaultEgress); err != nil {
+		var fe *netpolicy.FieldError
+		if errors.As(err, &fe) {
+			return errdefs.New(errdefs.InvalidArgument, "%s", fe.Error()).WithDetails(map[string]any{"field": fe.Field})
+		}
+		return errdefs.New(errdefs.InvalidArgument, "network: %v", err)
+	}
 	return nil
 }

@@ -64,7 +64,12 @@ func (e *Engine) execute(op sandbox.Operation) {
 		}
 	}
 	spec := e.spec(sb)
-	err = e.act(ctx, rt, op, spec)
+	if op.Kind == sandbox.OpCreate || (op.Kind == sandbox.OpWake && op.From == sandbox.Suspended) {
+		err = e.attach(ctx, rt, sb, &spec, true)
+	}
+	if err == nil {
+		err = e.act(ctx, rt, op, spec)
+	}
 	if e.life.Err() != nil {
 		log.Info("operation interrupted by shutdown; it resumes at next start")
 		return
@@ -72,6 +77,7 @@ func (e *Engine) execute(op sandbox.Operation) {
 	if err == nil {
 		to := targetState(op)
 		if op.Kind == sandbox.OpDelete {
+			e.detach(bk, sb.ID)
 			if rmErr := os.RemoveAll(spec.SnapshotDir); rmErr != nil {
 				log.Warn("remove snapshot directory", "err", rmErr)
 			}
@@ -150,6 +156,7 @@ func (e *Engine) fail(ctx context.Context, log interface {
 		if err := rt.Delete(octx, spec); err != nil {
 			log.Error("clean up failed create", "err", err)
 		}
+		e.detach(octx, spec.SandboxID)
 		os.RemoveAll(spec.SnapshotDir)
 		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, opErr)
 		return
@@ -162,6 +169,7 @@ func (e *Engine) fail(ctx context.Context, log interface {
 	}
 	switch {
 	case status == runtime.StatusAbsent && op.Kind == sandbox.OpDelete:
+		e.detach(octx, spec.SandboxID)
 		os.RemoveAll(spec.SnapshotDir)
 		e.finish(log, op, start, sandbox.OpSucceeded, nil, sandbox.Deleted, nil)
 	case status == runtime.StatusAbsent:

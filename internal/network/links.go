@@ -199,8 +199,12 @@ func (m *Manager) ensureNetns(id string) (netns.NsHandle, error) {
 }
 
 // makeLinks makes whatever of the sandbox's links is missing and sets
-// their addresses.
-func (m *Manager) makeLinks(s *sbxNet) error {
+// their addresses. starting says the runtime is about to start the sandbox
+// in it (create, restore): the sandbox's side is configured then, and left
+// alone otherwise — gVisor takes eth0's address and routes off the
+// namespace's kernel once it runs (its own netstack answers), and putting
+// them back would make that kernel answer in its place.
+func (m *Manager) makeLinks(s *sbxNet, starting bool) error {
 	name := m.linkName(s.idx)
 	hostPfx := netip.PrefixFrom(m.hostAddr(s.idx), 30)
 	switch s.kind {
@@ -215,13 +219,24 @@ func (m *Manager) makeLinks(s *sbxNet) error {
 			return fmt.Errorf("netlink in the sandbox namespace: %w", err)
 		}
 		defer nh.Close()
-		if _, err := netlink.LinkByName(name); err != nil {
-			// A stale peer in the namespace (half-made) is removed first.
+		_, err = netlink.LinkByName(name)
+		exists := err == nil
+		if exists && !starting {
+			break
+		}
+		// The pair is made under a temporary name and renamed once the
+		// sandbox's side is configured, so a link with the final name is
+		// always a finished one. A half-made pair (a crash) goes first.
+		tmp := name + "t"
+		if !exists {
+			if l, err := netlink.LinkByName(tmp); err == nil {
+				netlink.LinkDel(l)
+			}
 			if l, err := nh.LinkByName("eth0"); err == nil {
 				nh.LinkDel(l)
 			}
-			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
-			if err := netlink.LinkAdd(veth); err != nil && !errors.Is(err, unix.EEXIST) {
+			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tmp}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+			if err := netlink.LinkAdd(veth); err != nil {
 				return fmt.Errorf("add veth %s: %w", name, err)
 			}
 		}
@@ -245,6 +260,15 @@ func (m *Manager) makeLinks(s *sbxNet) error {
 		def := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: m.hostAddr(s.idx).AsSlice(), Dst: ipnet(netip.MustParsePrefix("0.0.0.0/0"))}
 		if err := nh.RouteReplace(def); err != nil {
 			return fmt.Errorf("default route in the sandbox: %w", err)
+		}
+		if !exists {
+			hl, err := netlink.LinkByName(tmp)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetName(hl, name); err != nil {
+				return fmt.Errorf("name veth %s: %w", name, err)
+			}
 		}
 	case runtime.NetTap:
 		if _, err := netlink.LinkByName(name); err != nil {

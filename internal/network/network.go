@@ -243,9 +243,11 @@ func (m *Manager) Lookup(id string) *runtime.Net {
 }
 
 // Attach makes (or finds, or repairs) a sandbox's network of the given
-// kind with policy pol, and returns how to plug it in. Idempotent: after a
-// crash or a host reboot it makes whatever is missing.
-func (m *Manager) Attach(ctx context.Context, id string, kind runtime.NetKind, pol sandbox.Network) (*runtime.Net, error) {
+// kind with policy pol, and returns how to plug it in. starting says the
+// runtime is about to start the sandbox in it (create, restore) rather than
+// re-adopt a sandbox that runs. Idempotent: after a crash or a host reboot
+// it makes whatever is missing.
+func (m *Manager) Attach(ctx context.Context, id string, kind runtime.NetKind, pol sandbox.Network, starting bool) (*runtime.Net, error) {
 	p, err := netpolicy.Parse(pol)
 	if err != nil {
 		return nil, err
@@ -274,7 +276,7 @@ func (m *Manager) Attach(ctx context.Context, id string, kind runtime.NetKind, p
 	s.policy = p
 	s.kind = kind
 	m.mu.Unlock()
-	if err := m.makeLinks(s); err != nil {
+	if err := m.makeLinks(s, starting); err != nil {
 		return nil, fmt.Errorf("network of %s: %w", id, err)
 	}
 	if err := m.writeRules(); err != nil {

@@ -92,11 +92,11 @@ func TestEgressPolicyInNamespaces(t *testing.T) {
 	ctx := context.Background()
 	pub, pub2 := up.Public[0].String(), up.Public[1].String()
 
-	a, err := m.Attach(ctx, "sbx_a", runtime.NetNamespace, sandbox.Network{Egress: "public"})
+	a, err := m.Attach(ctx, "sbx_a", runtime.NetNamespace, sandbox.Network{Egress: "public"}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := m.Attach(ctx, "sbx_b", runtime.NetNamespace, sandbox.Network{Egress: "none"})
+	b, err := m.Attach(ctx, "sbx_b", runtime.NetNamespace, sandbox.Network{Egress: "none"}, true)
 	if err != nil {
 		t.Fatal(err)
 	}

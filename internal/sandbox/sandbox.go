@@ -186,4 +186,7 @@ type Network struct {
 	// PublicIngress lets anyone reach the sandbox's ports without its
 	// ingress token.
 	PublicIngress bool `json:"public_ingress"`
+	// IngressToken reaches the sandbox's ports through the data plane. It
+	// is derived from the sandbox id when a sandbox is shown, never stored.
+	IngressToken string `json:"ingress_token,omitempty"`
 }

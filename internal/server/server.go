@@ -97,13 +97,25 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	if err != nil {
 		return fmt.Errorf("discover runtimes: %w", err)
 	}
+	netMgr, err := startNetwork(ctx, cfg, h, log)
+	if err != nil {
+		return err
+	}
+	if netMgr != nil {
+		defer netMgr.Close()
+	}
 	m := metrics.New()
 	m.WatchSandboxes(st)
 	pools, err := cfg.WarmPoolSizes()
 	if err != nil {
 		return err
 	}
+	var netIface lifecycle.Network
+	if netMgr != nil {
+		netIface = netMgr
+	}
 	eng, err := lifecycle.New(lifecycle.Config{
+		Network: netIface, DefaultEgress: cfg.DefaultEgress,
 		DefaultWarmPools: pools,
 		Store:            st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
 		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Logger: log, Observer: m,
@@ -165,7 +177,16 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}
 	apiSrv := api.New(acfg)
-	dataSrv := api.NewDataPlane(api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID})
+	dcfg := api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID}
+	if netMgr != nil {
+		dom := cfg.SandboxDomain
+		if dom == "" {
+			_, port, _ := net.SplitHostPort(dataLn.Addr().String())
+			dom = "localhost:" + port
+		}
+		dcfg.Ingress = &api.IngressConfig{Sandbox: eng.Get, Dial: netMgr.Dial, Signer: signer, Domain: dom}
+	}
+	dataSrv := api.NewDataPlane(dcfg)
 	servers := []*http.Server{
 		newHTTPServer(apiSrv, log),
 		newHTTPServer(dataSrv, log),

@@ -47,6 +47,18 @@ type Configure struct {
 	Hostname string `json:"hostname,omitempty"`
 	// UnixNano sets the wall clock when non-zero.
 	UnixNano int64 `json:"unix_nano,omitempty"`
+	// Network configures the sandbox's network when present.
+	Network *NetConfig `json:"network,omitempty"`
+}
+
+// NetConfig is a sandbox's network as the agent sets it up: lo up, the
+// first other interface with Address (CIDR) and a default route via
+// Gateway (unless the runtime configured it already, as gVisor does), and
+// /etc/resolv.conf naming DNS.
+type NetConfig struct {
+	Address string `json:"address"`
+	Gateway string `json:"gateway"`
+	DNS     string `json:"dns"`
 }
 
 // PTY asks for a pseudo-terminal of the given size.

@@ -19,7 +19,7 @@ const (
 
 // ociSpec is the OCI runtime spec of a sandbox: the agent as init, the
 // template as root (writes go to gVisor's overlay), cgroup limits for CPU,
-// memory and pids, and no network.
+// memory and pids, and the sandbox's network namespace.
 func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 	// The agent's environment and working directory are what its commands
 	// inherit: defaults, then the template's, then the sandbox's.
@@ -84,9 +84,18 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 				"memory": map[string]any{"limit": int64(res.MemoryMiB) << 20},
 				"pids":   map[string]any{"limit": 4096},
 			},
-			"namespaces": []map[string]any{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}},
+			"namespaces": []map[string]any{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, netns(spec)},
 		},
 	}
+}
+
+// netns is the sandbox's network namespace: its own (made by the network)
+// or a new empty one.
+func netns(spec runtime.Spec) map[string]any {
+	if spec.Net != nil && spec.Net.Netns != "" {
+		return map[string]any{"type": "network", "path": spec.Net.Netns}
+	}
+	return map[string]any{"type": "network"}
 }
 
 func hostname(id string) string {

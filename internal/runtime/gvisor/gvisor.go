@@ -140,7 +140,7 @@ func lastLine(s string) string {
 func (r *Runtime) Name() string { return Name }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Suspend: true, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox"}
+	return runtime.Capabilities{Pause: true, Suspend: true, Net: runtime.NetNamespace, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox"}
 }
 
 func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.cfg.Dir, "sandboxes", id) }
@@ -155,13 +155,22 @@ func (r *Runtime) globalFlags(spec runtime.Spec) []string {
 	return []string{
 		"--root", filepath.Join(r.cfg.Dir, "runsc"),
 		"--platform", r.cfg.Platform,
-		"--network", "none",
+		"--network", network(spec),
 		"--host-uds", "open",
 		"--overlay2", fmt.Sprintf("root:dir=%s,size=%dm", r.upperDir(spec.SandboxID), spec.Resources.DiskMiB),
 		"--net-disconnect-ok",
 		"--log-format", "json",
 		"--panic-log", filepath.Join(r.sandboxDir(spec.SandboxID), "panic.log"),
 	}
+}
+
+// network is runsc's network mode: its own netstack over the sandbox's
+// namespace when it has one, else none.
+func network(spec runtime.Spec) string {
+	if spec.Net != nil && spec.Net.Netns != "" {
+		return "sandbox"
+	}
+	return "none"
 }
 
 // runsc runs one runsc command and returns its stdout.

@@ -11,7 +11,7 @@ import (
 
 // GuestModules are the kernel modules the guest needs, in load order: the
 // virtio core, its MMIO transport (microvm has no PCI), the disk, the
-// serial port the agent talks on, and the entropy device.
+// serial port the agent talks on, the entropy device and the network card.
 var GuestModules = []string{
 	"kernel/drivers/virtio/virtio_ring.ko",
 	"kernel/drivers/virtio/virtio.ko",
@@ -19,6 +19,9 @@ var GuestModules = []string{
 	"kernel/drivers/block/virtio_blk.ko",
 	"kernel/drivers/char/virtio_console.ko",
 	"kernel/drivers/char/hw_random/virtio-rng.ko",
+	"kernel/net/core/failover.ko",
+	"kernel/drivers/net/net_failover.ko",
+	"kernel/drivers/net/virtio_net.ko",
 }
 
 // BuildInitramfs writes a newc cpio archive holding the agent as /init and

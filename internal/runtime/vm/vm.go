@@ -159,7 +159,7 @@ func (r *Runtime) Name() string { return Name }
 func (r *Runtime) Close() { r.endpoints.CloseAll() }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Suspend: true,
+	return runtime.Capabilities{Pause: true, Suspend: true, Net: runtime.NetTap,
 		Detail: fmt.Sprintf("QEMU microvm, accel=%s (%s)", r.accel, r.accelWhy)}
 }
 
@@ -216,6 +216,11 @@ func (r *Runtime) qemuArgs(spec runtime.Spec, incoming bool) []string {
 		"-chardev", "socket,id=agent,path=" + r.agentPath(id) + ",reconnect=1",
 		"-device", "virtserialport,chardev=agent,name=space.agent",
 		"-device", "virtio-rng-device",
+		// Every VM has the same network card (template snapshots restore
+		// into any sandbox): a tap when the sandbox has a network, else a
+		// hub port that leads nowhere.
+		"-netdev", netdev(spec),
+		"-device", "virtio-net-device,netdev=net0,mac=02:53:50:00:00:01",
 		"-qmp", "unix:" + r.qmpPath(id) + ",server=on,wait=off",
 		"-pidfile", r.pidPath(id),
 	}
@@ -223,6 +228,13 @@ func (r *Runtime) qemuArgs(spec runtime.Spec, incoming bool) []string {
 		args = append(args, "-incoming", "defer")
 	}
 	return args
+}
+
+func netdev(spec runtime.Spec) string {
+	if spec.Net != nil && spec.Net.Tap != "" {
+		return "tap,id=net0,ifname=" + spec.Net.Tap + ",script=no,downscript=no"
+	}
+	return "hubport,id=net0,hubid=0"
 }
 
 // startQEMU starts a sandbox's QEMU in its own session (it outlives this

@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+)
+
+// writeHosts names localhost and the sandbox's hostname in /etc/hosts, so
+// no lookup of either ever leaves the sandbox.
+func writeHosts(hostname string) error {
+	b := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname)
+	return writeFileAtomic("/etc/hosts", []byte(b), 0o644)
+}
+
+func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
+	// /etc/resolv.conf may be a symlink a template left (resolvconf,
+	// systemd): replace the link itself.
+	tmp := path + ".space-tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// configureNetwork brings lo up and, unless the runtime did, gives the
+// first other link its address and default route; then points the
+// resolver at SPACE's.
+func configureNetwork(c proto.NetConfig) error {
+	addr, err := netip.ParsePrefix(c.Address)
+	if err != nil {
+		return fmt.Errorf("address %q: %w", c.Address, err)
+	}
+	gw, err := netip.ParseAddr(c.Gateway)
+	if err != nil {
+		return fmt.Errorf("gateway %q: %w", c.Gateway, err)
+	}
+	dns, err := netip.ParseAddr(c.DNS)
+	if err != nil {
+		return fmt.Errorf("dns %q: %w", c.DNS, err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	var eth netlink.Link
+	for _, l := range links {
+		if l.Attrs().Flags&net.FlagLoopback != 0 {
+			if err := netlink.LinkSetUp(l); err != nil {
+				return fmt.Errorf("lo up: %w", err)
+			}
+			continue
+		}
+		if eth == nil {
+			eth = l
+		}
+	}
+	if eth == nil {
+		return errors.New("no network interface")
+	}
+	have, _ := netlink.AddrList(eth, unix.AF_INET)
+	configured := false
+	for _, a := range have {
+		configured = configured || a.IP.Equal(addr.Addr().AsSlice())
+	}
+	if !configured {
+		ipn := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
+		if err := netlink.AddrReplace(eth, &netlink.Addr{IPNet: ipn}); err != nil {
+			return fmt.Errorf("address %s: %w", eth.Attrs().Name, err)
+		}
+		if err := netlink.LinkSetUp(eth); err != nil {
+			return fmt.Errorf("%s up: %w", eth.Attrs().Name, err)
+		}
+		def := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw.AsSlice(), Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}
+		if err := netlink.RouteReplace(def); err != nil {
+			return fmt.Errorf("default route: %w", err)
+		}
+	}
+	return writeFileAtomic("/etc/resolv.conf", []byte("nameserver "+dns.String()+"\noptions edns0\n"), 0o644)
+}
