@@ -137,7 +137,7 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		hostUplink := strings.TrimSuffix(up.Gateway.String(), ".2") + ".1"
 		targets := []string{
 			fmt.Sprintf("http://%s:%d/", strings.TrimSpace(resolver), port), // the host's address on the sandbox side
-			fmt.Sprintf("http://%s:%d/", hostUplink, port),                   // the host's uplink address
+			fmt.Sprintf("http://%s:%d/", hostUplink, port),                  // the host's uplink address
 			fmt.Sprintf("http://%s:%s/readyz", strings.TrimSpace(resolver), apiPort),
 			"http://" + up.Private.String() + "/", "http://" + up.Metadata.String() + "/",
 			"http://" + strings.TrimSpace(bAddr) + ":7/",

@@ -66,7 +66,7 @@ type Config struct {
 	// DefaultEgress is the egress of sandboxes whose create names none
 	// ("public" or "none"; default "none").
 	DefaultEgress string
-	Limits       Limits
+	Limits        Limits
 	// MaxActiveSandboxes caps sandboxes that are neither deleted nor failed
 	// (0 = no cap); a create beyond it is resource_exhausted.
 	MaxActiveSandboxes int
