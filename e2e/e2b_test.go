@@ -57,7 +57,8 @@ func TestE2BSDK(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "node", "sdk.test.mjs")
 	cmd.Dir = sdk
 	cmd.Env = append(os.Environ(),
-		"E2B_API_URL=http://"+s.ecwAddr, "E2B_SANDBOX_URL=http://"+s.ecwAddr, "E2B_API_KEY="+s.token)
+		"E2B_API_URL=http://"+s.ecwAddr, "E2B_SANDBOX_URL=http://"+s.ecwAddr, "E2B_API_KEY="+s.token,
+		"UPSTREAM_PUBLIC="+s.up.Public[0].String(), "UPSTREAM_PUBLIC2="+s.up.Public[1].String())
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	t.Logf("E2B SDK script (%s):\n%s", time.Since(start).Round(time.Millisecond), out)

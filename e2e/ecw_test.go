@@ -50,7 +50,9 @@ func TestECWControlPlaneContract(t *testing.T) {
 		`{"templateID":"test","surprise":1}`,
 		`{"templateID":"test","timeout":0}`,
 		`{"templateID":"test","timeout":"soon"}`,
-		`{"templateID":"test","allow_internet_access":true}`,
+		`{"templateID":"test","allow_internet_access":"yes"}`,
+		`{"templateID":"test","network":{"denyOut":["not a cidr or name!"]}}`,
+		`{"templateID":"test","network":{"rules":{"example.com":[]}}}`,
 		`{"templateID":"test","autoPauseMemory":false}`,
 		`{"templateID":"BAD TEMPLATE"}`,
 		`{"templateID":`,
@@ -62,6 +64,27 @@ func TestECWControlPlaneContract(t *testing.T) {
 	if r := s.ecwDo("GET", "/v2/sandboxes", nil, key); r.status != 200 || string(r.body) != "[]\n" {
 		t.Fatalf("list after refused creates: %d %s", r.status, r.body)
 	}
+
+	// Every E2B SDK up to 2.50 sends allow_internet_access: true: it creates,
+	// and the sandbox's policy says so on both APIs.
+	r0 := s.ecwDo("POST", "/v2/sandboxes", []byte(`{"templateID":"test","allow_internet_access":true,"network":{"denyOut":["198.51.100.0/24"],"allowOut":["pypi.org"],"allowPublicTraffic":false}}`), key)
+	var withNet struct{ SandboxID, TrafficAccessToken string }
+	if r0.status != 201 || json.Unmarshal(r0.body, &withNet) != nil || withNet.TrafficAccessToken == "" {
+		t.Fatalf("create with allow_internet_access = %d %s", r0.status, r0.body)
+	}
+	if n := s.do("GET", "/v1/sandboxes/"+withNet.SandboxID, s.token, nil); n.status != 200 ||
+		!strings.Contains(string(n.body), `"network":{"egress":"public","allow":["pypi.org"],"deny":["198.51.100.0/24"],"public_ingress":false,"ingress_token":"`+withNet.TrafficAccessToken+`"}`) {
+		t.Fatalf("native view of the E2B network = %d %s", n.status, n.body)
+	}
+	if u := s.ecwDo("PUT", "/sandboxes/"+withNet.SandboxID+"/network", []byte(`{"denyOut":["0.0.0.0/0"],"allowOut":["203.0.113.0/24"]}`), key); u.status != 204 {
+		t.Fatalf("updateNetwork = %d %s", u.status, u.body)
+	}
+	if g := s.ecwDo("GET", "/sandboxes/"+withNet.SandboxID, nil, key); g.status != 200 ||
+		!strings.Contains(string(g.body), `"network":{"allowOut":["203.0.113.0/24"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false},"allowInternetAccess":false`) {
+		t.Fatalf("getInfo after updateNetwork = %d %s", g.status, g.body)
+	}
+	expectE2BError(t, s.ecwDo("PUT", "/sandboxes/"+withNet.SandboxID+"/network", []byte(`{"denyOut":["nope nope"]}`), key), 400)
+	s.ecwDo("DELETE", "/sandboxes/"+withNet.SandboxID, nil, key)
 
 	// A create answers 201 with what the SDKs read.
 	r := s.ecwDo("POST", "/v2/sandboxes", []byte(`{"templateID":"test","timeout":300,"metadata":{"k":"v"},"envVars":{"A":"1"}}`), key)

@@ -11,6 +11,7 @@ import (
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -23,7 +24,7 @@ type DataPlane struct {
 	log     *slog.Logger
 	idem    *idempotency
 	router  *router
-	ingress *ingress
+	ingress *ingress.Proxy
 	// Keepalive is the longest silence on a stream (api.md: ≤ 15 s).
 	Keepalive time.Duration
 }
@@ -36,16 +37,14 @@ type DataPlaneConfig struct {
 	Logger   *slog.Logger
 	BootID   string
 	// Ingress, when set, proxies to sandbox ports (see ingress.go).
-	Ingress *IngressConfig
+	Ingress *ingress.Proxy
 }
 
 // NewDataPlane builds the data-plane handler.
 func NewDataPlane(cfg DataPlaneConfig) *DataPlane {
 	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: newIdempotency(cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
 	d.router = newRouter(d.Routes())
-	if cfg.Ingress != nil {
-		d.ingress = newIngress(*cfg.Ingress, cfg.Logger)
-	}
+	d.ingress = cfg.Ingress
 	return d
 }
 
@@ -67,8 +66,8 @@ func (d *DataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
 // session's attachment token.
 func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if d.ingress != nil {
-		if id, port, path, ok := d.ingress.match(r); ok {
-			d.ingress.serve(w, r, id, port, path)
+		if id, port, path, ok := d.ingress.Match(r); ok {
+			d.ingress.Serve(w, r, id, port, path)
 			return
 		}
 	}

@@ -34,6 +34,7 @@ func (s *Server) routeControl() {
 	h("POST /sandboxes/{sandboxID}/timeout", s.setTimeout)
 	h("POST /sandboxes/{sandboxID}/refreshes", s.refresh)
 	h("GET /sandboxes/{sandboxID}/metrics", s.metrics)
+	h("PUT /sandboxes/{sandboxID}/network", s.updateNetwork)
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -67,7 +68,7 @@ type newSandbox struct {
 	AllowInternetAccess *bool                   `json:"allow_internet_access"`
 	Metadata            map[string]string       `json:"metadata"`
 	EnvVars             map[string]string       `json:"envVars"`
-	Network             any                     `json:"network"`
+	Network             *networkBody            `json:"network"`
 	MCP                 any                     `json:"mcp"`
 	IAM                 any                     `json:"iam"`
 	VolumeMounts        []any                   `json:"volumeMounts"`
@@ -103,6 +104,9 @@ type sandboxDetail struct {
 	State           string            `json:"state"`
 	Lifecycle       lifecycleInfo     `json:"lifecycle"`
 	VolumeMounts    []any             `json:"volumeMounts"`
+	Network         *networkInfo      `json:"network,omitempty"`
+	// AllowInternetAccess is whether egress is public.
+	AllowInternetAccess *bool `json:"allowInternetAccess,omitempty"`
 }
 
 type lifecycleInfo struct {
@@ -126,7 +130,15 @@ func e2bState(st sandbox.State) string {
 
 func (s *Server) info(sb *sandbox.Sandbox) sandboxInfo {
 	tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID)
-	return sandboxInfo{TemplateID: sb.Template.Ref, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: &tok}
+	info := sandboxInfo{TemplateID: sb.Template.Ref, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: &tok}
+	if sb.Network != nil {
+		traffic := s.cfg.Commands.Signer().IngressToken(sb.ID)
+		info.TrafficAccessToken = &traffic
+	}
+	if s.cfg.Domain != "" {
+		info.Domain = &s.cfg.Domain
+	}
+	return info
 }
 
 func (s *Server) detail(sb *sandbox.Sandbox, withToken bool) sandboxDetail {
@@ -149,6 +161,10 @@ func (s *Server) detail(sb *sandbox.Sandbox, withToken bool) sandboxDetail {
 		tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID)
 		d.EnvdAccessToken = &tok
 	}
+	if s.cfg.Domain != "" {
+		d.Domain = &s.cfg.Domain
+	}
+	d.Network, d.AllowInternetAccess = s.infoNetwork(sb)
 	return d
 }
 
@@ -181,12 +197,6 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "%s is not supported by SPACE", field))
 	}
 	switch {
-	case req.AllowInternetAccess != nil && *req.AllowInternetAccess:
-		unsupported("allow_internet_access (sandboxes have no network)")
-		return
-	case req.Network != nil:
-		unsupported("network")
-		return
 	case req.MCP != nil:
 		unsupported("mcp")
 		return
@@ -212,9 +222,15 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if req.AutoPause != nil && *req.AutoPause {
 		action = "suspend"
 	}
+	netPolicy, err := createNetwork(req.AllowInternetAccess, req.Network)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	creq := lifecycle.CreateRequest{
 		Template: templateRef(req.TemplateID), Env: req.EnvVars, Metadata: req.Metadata,
 		AutoLifecycle: &sandbox.AutoLifecycle{Timeout: timeout.String(), TimeoutAction: action},
+		Network:       netPolicy,
 	}
 	sb, op, err := s.cfg.Engine.Create(r.Context(), creq, nil)
 	if err != nil {

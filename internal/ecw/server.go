@@ -22,6 +22,7 @@ import (
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/jsonbody"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
@@ -51,6 +52,7 @@ type Engine interface {
 	SetTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)
 	ExtendTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)
 	Touch(id string)
+	UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error)
 }
 
 // Config wires a Server.
@@ -62,6 +64,10 @@ type Config struct {
 	Logger   *slog.Logger
 	// Keepalive is the longest silence on a process stream (E2B: ≤ 50 s).
 	Keepalive time.Duration
+	// Ingress reaches sandbox ports other than envd's (getHost); nil
+	// refuses them. Domain is the sandbox domain create answers with.
+	Ingress *ingress.Proxy
+	Domain  string
 }
 
 // Server serves the E2B-compatible API.
@@ -106,6 +112,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	mux := s.control
+	if id, port, ok := envdTarget(r); ok && port != EnvdPort && s.cfg.Ingress != nil {
+		route = "ingress"
+		s.cfg.Ingress.Serve(sw, r, id, port, r.URL.Path)
+		return
+	}
 	if id, port, ok := envdTarget(r); ok {
 		mux = s.envd
 		r = r.WithContext(context.WithValue(r.Context(), targetKey{}, target{sandboxID: id, port: port}))

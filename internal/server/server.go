@@ -25,6 +25,7 @@ import (
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/ecw"
+	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -178,13 +179,15 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	apiSrv := api.New(acfg)
 	dcfg := api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID}
+	var ing *ingress.Proxy
 	if netMgr != nil {
 		dom := cfg.SandboxDomain
 		if dom == "" {
 			_, port, _ := net.SplitHostPort(dataLn.Addr().String())
 			dom = "localhost:" + port
 		}
-		dcfg.Ingress = &api.IngressConfig{Sandbox: eng.Get, Dial: netMgr.Dial, Signer: signer, Domain: dom}
+		ing = ingress.New(ingress.Config{Sandbox: eng.Get, Dial: netMgr.Dial, Signer: signer, Domain: dom}, log)
+		dcfg.Ingress = ing
 	}
 	dataSrv := api.NewDataPlane(dcfg)
 	servers := []*http.Server{
@@ -201,7 +204,12 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 			return fmt.Errorf("listen on %s (--ecw-addr; empty turns the E2B layer off): %w", cfg.ECWAddr, err)
 		}
 		ecwAddr = ln.Addr().String()
-		servers = append(servers, newHTTPServer(ecw.New(ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log}), log))
+		ecfg := ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log, Ingress: ing, Domain: cfg.SandboxDomain}
+		if ecfg.Domain == "" {
+			_, port, _ := net.SplitHostPort(ecwAddr)
+			ecfg.Domain = "localhost:" + port
+		}
+		servers = append(servers, newHTTPServer(ecw.New(ecfg), log))
 		lns = append(lns, ln)
 	}
 	errc := make(chan error, len(servers))

@@ -3,7 +3,8 @@
 // E2B_SANDBOX_URL and E2B_API_KEY pointing at a real `space serve`.
 // Every step asserts; the last line printed is "ALL OK".
 import assert from 'node:assert/strict'
-import { Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError } from 'e2b'
+import { Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError, ALL_TRAFFIC } from 'e2b'
+import http from 'node:http'
 
 const step = (name) => console.log('ok -', name)
 const notFound = (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError
@@ -154,5 +155,69 @@ const woken = await Sandbox.connect(shortPause.sandboxId, { timeoutMs: 60_000 })
 assert.equal(await woken.files.read('/home/user/kept.txt'), 'kept')
 await woken.kill()
 step('timeout kills; onTimeout pause suspends and connect restores')
+
+// Networking, against the test's upstream namespace (e2e/e2b_test.go sets
+// UPSTREAM_PUBLIC and UPSTREAM_PUBLIC2: TEST-NET addresses served by HTTP,
+// and allowed.example.test resolving to the first).
+const pub = process.env.UPSTREAM_PUBLIC, pub2 = process.env.UPSTREAM_PUBLIC2
+const reach = async (s, url) => {
+  const res = await s.commands.run(`curl -sS -k -m 4 ${url}`).catch((e) => e)
+  return res.exitCode === 0 && res.stdout.includes('hello from upstream')
+}
+const offline = await Sandbox.create({ timeoutMs: 120_000, allowInternetAccess: false })
+assert.equal(await reach(offline, `http://${pub}/`), false)
+assert.equal((await offline.getInfo()).allowInternetAccess, false)
+await offline.kill()
+step('allowInternetAccess: false has no egress')
+
+const online = await Sandbox.create({ timeoutMs: 120_000, allowInternetAccess: true, network: { denyOut: [`${pub2}/32`] } })
+assert.equal(await reach(online, `http://${pub}/`), true)
+assert.equal(await reach(online, `https://allowed.example.test/`), true)
+assert.equal(await reach(online, `http://${pub2}/`), false)
+step('allowInternetAccess: true and denyOut')
+
+await online.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: ['allowed.example.test'] })
+assert.equal(await reach(online, `https://allowed.example.test/`), true)
+assert.equal(await reach(online, `http://${pub}/`), false)
+const netInfo = await online.getInfo()
+assert.deepEqual(netInfo.network?.allowOut, ['allowed.example.test'])
+step('updateNetwork: allowOut wins over denyOut all traffic')
+
+// getHost: a server in the sandbox, reached through SPACE by its host name.
+const get = (host, headers = {}) => new Promise((resolve, reject) => {
+  const api = new URL(process.env.E2B_SANDBOX_URL)
+  const req = http.request({ host: api.hostname, port: api.port, path: '/', headers: { host, ...headers } }, (res) => {
+    let body = ''
+    res.on('data', (d) => { body += d })
+    res.on('end', () => resolve({ status: res.statusCode, body }))
+  })
+  req.on('error', reject)
+  req.end()
+})
+await online.commands.run('cd /tmp && echo from-getHost > index.html && python3 -m http.server 8000', { background: true })
+const host = online.getHost(8000)
+assert.match(host, new RegExp(`^8000-${online.sandboxId}\\.`))
+let page
+for (let i = 0; i < 50; i++) {
+  page = await get(host)
+  if (page.status === 200) break
+  await new Promise((res) => setTimeout(res, 100))
+}
+assert.equal(page.status, 200)
+assert.equal(page.body, "from-getHost\n")
+await online.kill()
+const private_ = await Sandbox.create({ timeoutMs: 120_000, network: { allowPublicTraffic: false } })
+assert.ok(private_.trafficAccessToken)
+await private_.commands.run('cd /tmp && python3 -m http.server 8000', { background: true })
+const phost = private_.getHost(8000)
+for (let i = 0; i < 50; i++) {
+  page = await get(phost, { 'e2b-traffic-access-token': private_.trafficAccessToken })
+  if (page.status === 200) break
+  await new Promise((res) => setTimeout(res, 100))
+}
+assert.equal(page.status, 200)
+assert.equal((await get(phost)).status, 401)
+await private_.kill()
+step('getHost, public and with the traffic access token')
 
 console.log('ALL OK')

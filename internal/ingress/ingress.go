@@ -1,4 +1,11 @@
-package api
+// Package ingress proxies clients to servers that run inside sandboxes:
+// the data plane (by path /v1/sandboxes/{id}/ports/{port}/… or host
+// {port}-{id}.{domain}) and the E2B layer (getHost's host names) both hand
+// such requests here. A request needs the sandbox's ingress token unless
+// the sandbox was created with public ingress; a sandbox that is not
+// running answers 502 at once. WebSocket upgrades and streamed responses
+// pass through.
+package ingress
 
 import (
 	"context"
@@ -18,22 +25,15 @@ import (
 	"github.com/spacesandbox/space/internal/sandbox"
 )
 
-// Ingress: the data plane proxies clients to servers that run inside
-// sandboxes, by path (/v1/sandboxes/{id}/ports/{port}/…) or by host name
-// ({port}-{id}.{domain}, what the E2B SDK's getHost returns). A request
-// needs the sandbox's ingress token unless the sandbox was created with
-// public_ingress; a sandbox that is not running answers 502 at once.
-// WebSocket upgrades and streamed responses pass through.
-
-// IngressHeader carries the ingress token; E2BTrafficHeader is E2B's name
-// for the same thing.
+// Header carries the ingress token; E2BTrafficHeader is E2B's name for the
+// same thing.
 const (
-	IngressHeader    = "X-Space-Ingress-Token"
+	Header           = "X-Space-Ingress-Token"
 	E2BTrafficHeader = "E2b-Traffic-Access-Token"
 )
 
-// IngressConfig wires ingress into the data plane.
-type IngressConfig struct {
+// Config wires a Proxy.
+type Config struct {
 	// Sandbox returns a sandbox's record.
 	Sandbox func(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	// Dial connects to a port of a running sandbox.
@@ -43,8 +43,9 @@ type IngressConfig struct {
 	Domain string
 }
 
-type ingress struct {
-	cfg   IngressConfig
+// Proxy serves ingress requests.
+type Proxy struct {
+	cfg   Config
 	log   *slog.Logger
 	proxy *httputil.ReverseProxy
 }
@@ -53,8 +54,9 @@ type ingressTarget struct{ id, port string }
 
 type ingressKey struct{}
 
-func newIngress(cfg IngressConfig, log *slog.Logger) *ingress {
-	in := &ingress{cfg: cfg, log: log}
+// New returns a Proxy.
+func New(cfg Config, log *slog.Logger) *Proxy {
+	in := &Proxy{cfg: cfg, log: log}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			// addr is "<id>.sandbox:<port>" (see Rewrite).
@@ -72,7 +74,7 @@ func newIngress(cfg IngressConfig, log *slog.Logger) *ingress {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = t.id + ".sandbox:" + t.port
 			pr.Out.Host = pr.In.Host
-			pr.Out.Header.Del(IngressHeader)
+			pr.Out.Header.Del(Header)
 			pr.Out.Header.Del(E2BTrafficHeader)
 			pr.SetXForwarded()
 		},
@@ -87,9 +89,9 @@ func newIngress(cfg IngressConfig, log *slog.Logger) *ingress {
 	return in
 }
 
-// match finds the sandbox and port a request is for, and the path to send
+// Match finds the sandbox and port a request is for, and the path to send
 // on; ok=false when the request is not an ingress request.
-func (in *ingress) match(r *http.Request) (id, port, path string, ok bool) {
+func (in *Proxy) Match(r *http.Request) (id, port, path string, ok bool) {
 	if in.cfg.Domain != "" {
 		host := strings.ToLower(r.Host)
 		dom := strings.ToLower(in.cfg.Domain)
@@ -115,7 +117,8 @@ func (in *ingress) match(r *http.Request) (id, port, path string, ok bool) {
 	return sid, p, "/" + tail, true
 }
 
-func (in *ingress) serve(w http.ResponseWriter, r *http.Request, id, port, path string) {
+// Serve proxies r to port of sandbox id, with path as its path.
+func (in *Proxy) Serve(w http.ResponseWriter, r *http.Request, id, port, path string) {
 	p, err := strconv.Atoi(port)
 	if err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
 		writeIngressError(w, http.StatusBadRequest, "invalid_argument", "malformed port")
@@ -135,12 +138,12 @@ func (in *ingress) serve(w http.ResponseWriter, r *http.Request, id, port, path 
 		return
 	}
 	if sb.Network == nil || !sb.Network.PublicIngress {
-		tok := r.Header.Get(IngressHeader)
+		tok := r.Header.Get(Header)
 		if tok == "" {
 			tok = r.Header.Get(E2BTrafficHeader)
 		}
 		if err := in.cfg.Signer.VerifyIngress(tok, id); err != nil {
-			writeIngressError(w, http.StatusUnauthorized, "unauthenticated", "missing or invalid ingress token ("+IngressHeader+")")
+			writeIngressError(w, http.StatusUnauthorized, "unauthenticated", "missing or invalid ingress token ("+Header+")")
 			return
 		}
 	}
