@@ -129,3 +129,46 @@ func (w *StatusWriter) Flush() {
 }
 
 func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// NetStat is one sandbox's network traffic and policy decisions.
+type NetStat struct {
+	SandboxID                 string
+	BytesOut, BytesIn         int64 // from and to the sandbox
+	ConnsAllowed, ConnsDenied int64
+	DNSAllowed, DNSDenied     int64
+}
+
+// NetStats reports every sandbox's network counters.
+type NetStats interface{ NetStats() []NetStat }
+
+type netCollector struct {
+	src                NetStats
+	bytes, conns, dnsQ *prometheus.Desc
+}
+
+func (c netCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.bytes
+	ch <- c.conns
+	ch <- c.dnsQ
+}
+
+func (c netCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.src.NetStats() {
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.BytesOut), s.SandboxID, "out")
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.BytesIn), s.SandboxID, "in")
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(s.ConnsAllowed), s.SandboxID, "allowed")
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(s.ConnsDenied), s.SandboxID, "denied")
+		ch <- prometheus.MustNewConstMetric(c.dnsQ, prometheus.CounterValue, float64(s.DNSAllowed), s.SandboxID, "allowed")
+		ch <- prometheus.MustNewConstMetric(c.dnsQ, prometheus.CounterValue, float64(s.DNSDenied), s.SandboxID, "denied")
+	}
+}
+
+// WatchNetwork exports per-sandbox network counters (one series per
+// sandbox that has a network; a deleted sandbox's series go with it).
+func (m *Metrics) WatchNetwork(src NetStats) {
+	m.reg.MustRegister(netCollector{src: src,
+		bytes: prometheus.NewDesc("space_sandbox_network_bytes_total", "Bytes a sandbox sent (out) and received (in).", []string{"sandbox_id", "direction"}, nil),
+		conns: prometheus.NewDesc("space_sandbox_network_connections_total", "New outbound connections of a sandbox by policy verdict.", []string{"sandbox_id", "verdict"}, nil),
+		dnsQ:  prometheus.NewDesc("space_sandbox_dns_queries_total", "DNS queries of a sandbox by policy verdict.", []string{"sandbox_id", "verdict"}, nil),
+	})
+}

@@ -87,7 +87,7 @@ func reached(out string) bool { return strings.HasPrefix(out, nettest.HTTPBody) 
 
 func TestEgressPolicyInNamespaces(t *testing.T) {
 	nettest.Root(t)
-	up := nettest.NewUpstream(t, 1)
+	up := nettest.NewUpstream(t, 60)
 	m := newManager(t, up, "10.231.0.0/16")
 	ctx := context.Background()
 	pub, pub2 := up.Public[0].String(), up.Public[1].String()
@@ -188,6 +188,19 @@ func TestEgressPolicyInNamespaces(t *testing.T) {
 		if out := curl(m, "sbx_a", resolve("www.example.test", pub), "https://www.example.test/"); !reached(out) {
 			t.Errorf("public egress to another name at the same address: %s", out)
 		}
+	})
+
+	t.Run("Metrics", func(t *testing.T) {
+		for _, st := range m.NetStats() {
+			if st.SandboxID != "sbx_a" {
+				continue
+			}
+			if st.BytesOut == 0 || st.BytesIn == 0 || st.ConnsAllowed == 0 || st.ConnsDenied == 0 || st.DNSAllowed == 0 || st.DNSDenied == 0 {
+				t.Errorf("counters of a sandbox that was allowed and denied: %+v", st)
+			}
+			return
+		}
+		t.Errorf("no counters for sbx_a")
 	})
 
 	t.Run("Detach", func(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -26,7 +28,8 @@ import (
 //                    a sandbox link is dropped (no sandbox ↔ sandbox, no
 //                    unsolicited inbound).
 // e<n>:              IPv4 only, its own source address only, out of the
-//                    uplink only, the floor, allow CIDRs, deny CIDRs, default.
+//                    uplink only, the floor, allow CIDRs, deny CIDRs, default;
+//                    every verdict counted (tagged "allow"/"deny" for metrics).
 // input (filter):    from a sandbox link only DNS and the proxy, after DNAT.
 // prerouting (nat):  every DNS query → the resolver; with domain rules,
 //                    ports 80 and 443 → the proxy.
@@ -59,7 +62,8 @@ func (m *Manager) writeRules() error {
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
-	floor := c.AddChain(&nftables.Chain{Name: "floor", Table: t})
+	// Counters of the sandboxes' verdicts are carried over the rewrite.
+	m.foldCounters(c, t)
 
 	rule := func(ch *nftables.Chain, exprs ...[]expr.Any) {
 		var all []expr.Any
@@ -71,25 +75,13 @@ func (m *Manager) writeRules() error {
 	fromSbx := ifPrefix(expr.MetaKeyIIFNAME, m.linkPrefix())
 	toSbx := ifPrefix(expr.MetaKeyOIFNAME, m.linkPrefix())
 
-	// The floor: opened ranges return, the rest drop.
-	for _, p := range m.floor.Open() {
-		if p.Addr().Is4() {
-			rule(floor, ipv4(), daddrIn(p), verdict(expr.VerdictReturn))
-		}
-	}
-	for _, p := range m.floor.Deny() {
-		if p.Addr().Is4() {
-			rule(floor, ipv4(), daddrIn(p), counter(), verdict(expr.VerdictDrop))
-		}
-	}
-
 	// forward
 	rule(fwd, fromSbx, ctStateEstablished(), verdict(expr.VerdictAccept))
 	rule(fwd, toSbx, ctStateEstablished(), verdict(expr.VerdictAccept))
 	for _, s := range sbxs {
 		ch := c.AddChain(&nftables.Chain{Name: fmt.Sprintf("e%d", s.idx), Table: t})
 		rule(fwd, ifName(expr.MetaKeyIIFNAME, m.linkName(s.idx)), jump(ch.Name))
-		m.egressRules(rule, ch, s)
+		m.egressRules(c, t, ch, s)
 	}
 	rule(fwd, fromSbx, counter(), verdict(expr.VerdictDrop))
 	rule(fwd, toSbx, counter(), verdict(expr.VerdictDrop))
@@ -122,35 +114,128 @@ func (m *Manager) writeRules() error {
 	return c.Flush()
 }
 
-// egressRules fills a sandbox's chain from its policy.
-func (m *Manager) egressRules(rule func(*nftables.Chain, ...[]expr.Any), ch *nftables.Chain, s *sbxNet) {
-	rule(ch, notIPv4(), verdict(expr.VerdictDrop))
-	rule(ch, saddrNot(m.guestAddr(s.idx)), counter(), verdict(expr.VerdictDrop))
+// egressRules fills a sandbox's chain from its policy. Only a connection's
+// first packet gets here (the rest are established), so the counters of
+// the verdict rules count connections.
+func (m *Manager) egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, s *sbxNet) {
+	add := func(tag string, exprs ...[]expr.Any) {
+		var all []expr.Any
+		for _, e := range exprs {
+			all = append(all, e...)
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: all, UserData: []byte(tag)})
+	}
+	drop, accept := verdict(expr.VerdictDrop), verdict(expr.VerdictAccept)
+	add("deny", notIPv4(), counter(), drop)
+	add("deny", saddrNot(m.guestAddr(s.idx)), counter(), drop)
 	if m.cfg.Uplink == "" {
-		rule(ch, counter(), verdict(expr.VerdictDrop))
+		add("deny", counter(), drop)
 		return
 	}
-	rule(ch, ifNameNot(expr.MetaKeyOIFNAME, m.cfg.Uplink), counter(), verdict(expr.VerdictDrop))
-	rule(ch, jump("floor"))
+	add("deny", ifNameNot(expr.MetaKeyOIFNAME, m.cfg.Uplink), counter(), drop)
+	// The floor: opened ranges skip it, the rest drop.
+	floor := 0
+	for _, p := range m.floor.Deny() {
+		if p.Addr().Is4() {
+			floor++
+		}
+	}
+	for _, p := range m.floor.Open() {
+		if p.Addr().Is4() {
+			add("", daddrIn(p), []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name + "p"}})
+		}
+	}
+	for _, p := range m.floor.Deny() {
+		if p.Addr().Is4() {
+			add("deny", daddrIn(p), counter(), drop)
+		}
+	}
+	add("", []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name + "p"}})
+	// The policy, in a chain of its own (the floor's opened ranges go there).
+	pch := c.AddChain(&nftables.Chain{Name: ch.Name + "p", Table: t})
+	padd := func(tag string, exprs ...[]expr.Any) {
+		var all []expr.Any
+		for _, e := range exprs {
+			all = append(all, e...)
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: pch, Exprs: all, UserData: []byte(tag)})
+	}
 	p := s.policy
 	if p == nil {
 		p, _ = netpolicy.Parse(netpolicy.Default)
 	}
 	for _, r := range p.Allow {
 		if r.Domain == "" && r.Prefix.Addr().Is4() {
-			rule(ch, daddrIn(r.Prefix), counter(), verdict(expr.VerdictAccept))
+			padd("allow", daddrIn(r.Prefix), counter(), accept)
 		}
 	}
 	for _, r := range p.Deny {
 		if r.Domain == "" && r.Prefix.Addr().Is4() {
-			rule(ch, daddrIn(r.Prefix), counter(), verdict(expr.VerdictDrop))
+			padd("deny", daddrIn(r.Prefix), counter(), drop)
 		}
 	}
 	if p.Public {
-		rule(ch, counter(), verdict(expr.VerdictAccept))
+		padd("allow", counter(), accept)
 	} else {
-		rule(ch, counter(), verdict(expr.VerdictDrop))
+		padd("deny", counter(), drop)
 	}
+}
+
+// foldCounters adds the connection counters of the rules about to be
+// replaced to each sandbox's totals (the rewrite starts them at zero).
+func (m *Manager) foldCounters(c *nftables.Conn, t *nftables.Table) {
+	counts := m.readCounters()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for idx, n := range counts {
+		if s := m.byIdx[idx]; s != nil {
+			s.stats.nftAllowed.Add(n[0])
+			s.stats.nftDenied.Add(n[1])
+		}
+	}
+}
+
+// readCounters returns each sandbox's allowed and denied connections as
+// the rules now count them (by sandbox index).
+func (m *Manager) readCounters() map[int][2]int64 {
+	out := map[int][2]int64{}
+	c, err := nftables.New()
+	if err != nil {
+		return out
+	}
+	t := &nftables.Table{Name: m.tableName(), Family: nftables.TableFamilyINet}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return out
+	}
+	for _, ch := range chains {
+		if ch.Table.Name != t.Name || !strings.HasPrefix(ch.Name, "e") {
+			continue
+		}
+		idx, err := strconv.Atoi(strings.TrimSuffix(ch.Name[1:], "p"))
+		if err != nil {
+			continue
+		}
+		rules, err := c.GetRules(t, ch)
+		if err != nil {
+			continue
+		}
+		n := out[idx]
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				if ctr, ok := e.(*expr.Counter); ok {
+					switch string(r.UserData) {
+					case "allow":
+						n[0] += int64(ctr.Packets)
+					case "deny":
+						n[1] += int64(ctr.Packets)
+					}
+				}
+			}
+		}
+		out[idx] = n
+	}
+	return out
 }
 
 // deleteRules removes the instance's table.

@@ -12,7 +12,10 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/metrics"
 )
 
 // The egress proxy. With domain rules, a sandbox's TCP connections to ports
@@ -22,12 +25,14 @@ import (
 // destination from the gateway address (so the connection leaves by the
 // uplink, masqueraded like the sandbox's own) and splices the two.
 
-// Stats counts a sandbox's egress decisions seen by SPACE (proxied
-// connections and DNS answers).
+// Stats counts a sandbox's egress decisions: proxied connections and DNS
+// answers here, the rest by nftables (see readCounters).
 type Stats struct {
 	ConnsAllowed, ConnsDenied atomic.Int64
-	BytesOut, BytesIn         atomic.Int64
 	DNSAllowed, DNSDenied     atomic.Int64
+	// nftAllowed and nftDenied are connections counted by rules since
+	// replaced (see foldCounters).
+	nftAllowed, nftDenied atomic.Int64
 }
 
 func (m *Manager) stats(id string) *Stats {
@@ -48,10 +53,29 @@ func (m *Manager) countDNS(id string, allowed bool) {
 	}
 }
 
-// StatsOf returns a snapshot of a sandbox's counters.
-func (m *Manager) StatsOf(id string) (connsAllowed, connsDenied, bytesOut, bytesIn, dnsAllowed, dnsDenied int64) {
-	st := m.stats(id)
-	return st.ConnsAllowed.Load(), st.ConnsDenied.Load(), st.BytesOut.Load(), st.BytesIn.Load(), st.DNSAllowed.Load(), st.DNSDenied.Load()
+// NetStats reports every sandbox's traffic and decisions (for metrics):
+// bytes from its host link's counters, connections from the rules' and
+// the proxy's, DNS answers from the resolver's.
+func (m *Manager) NetStats() []metrics.NetStat {
+	counts := m.readCounters()
+	m.mu.Lock()
+	sbxs := make([]*sbxNet, 0, len(m.sbx))
+	for _, s := range m.sbx {
+		sbxs = append(sbxs, s)
+	}
+	m.mu.Unlock()
+	out := make([]metrics.NetStat, 0, len(sbxs))
+	for _, s := range sbxs {
+		st := metrics.NetStat{SandboxID: s.id,
+			ConnsAllowed: s.stats.ConnsAllowed.Load() + s.stats.nftAllowed.Load() + counts[s.idx][0],
+			ConnsDenied:  s.stats.ConnsDenied.Load() + s.stats.nftDenied.Load() + counts[s.idx][1],
+			DNSAllowed:   s.stats.DNSAllowed.Load(), DNSDenied: s.stats.DNSDenied.Load()}
+		if l, err := netlink.LinkByName(m.linkName(s.idx)); err == nil && l.Attrs().Statistics != nil {
+			st.BytesOut, st.BytesIn = int64(l.Attrs().Statistics.RxBytes), int64(l.Attrs().Statistics.TxBytes)
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 func (m *Manager) serveProxy(port uint16, tls bool) error {
@@ -173,13 +197,11 @@ func (m *Manager) proxy(c *net.TCPConn, tls bool) {
 	}
 	done := make(chan struct{})
 	go func() {
-		n, _ := io.Copy(c, up)
-		st.BytesIn.Add(n)
+		io.Copy(c, up)
 		c.CloseWrite()
 		close(done)
 	}()
-	n, _ := io.Copy(up, c)
-	st.BytesOut.Add(n + int64(len(buf)))
+	io.Copy(up, c)
 	up.(*net.TCPConn).CloseWrite()
 	<-done
 }

@@ -107,6 +107,9 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	m := metrics.New()
 	m.WatchSandboxes(st)
+	if netMgr != nil {
+		m.WatchNetwork(netMgr)
+	}
 	pools, err := cfg.WarmPoolSizes()
 	if err != nil {
 		return err
