@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/network"
 	"github.com/spacesandbox/space/internal/network/nettest"
 )
 
@@ -62,8 +66,16 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	before := runscSandboxes()
+	netBefore := sandboxNetworks()
 	code := m.Run()
 	os.RemoveAll(dir)
+	// Nor any sandbox network: namespaces, links, rule tables.
+	for name := range sandboxNetworks() {
+		if !netBefore[name] {
+			fmt.Fprintf(os.Stderr, "e2e: leaked sandbox network object %s\n", name)
+			code = 1
+		}
+	}
 	// Tests must leave no sandbox behind on the host.
 	for pid, cmd := range runscSandboxes() {
 		if _, ok := before[pid]; !ok {
@@ -128,7 +140,9 @@ func startServer(t *testing.T, o serverOpts) *server {
 		// uplink leads into a namespace of this test, never the real network.
 		n := int(upstreams.Add(1)) % 48 // 48…63 are the unit tests'
 		s.up = nettest.NewUpstream(t, n)
-		s.args = append(slices.Clone(s.args), "--sandbox-network", fmt.Sprintf("10.%d.0.0/16", 100+n),
+		rng := netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/16", 100+n))
+		t.Cleanup(func() { network.Teardown(rng) }) // runs after the server stopped
+		s.args = append(slices.Clone(s.args), "--sandbox-network", rng.String(),
 			"--egress-uplink", s.up.Uplink, "--egress-gateway", s.up.Gateway.String(), "--egress-dns", s.up.DNS)
 	}
 	s.start()
@@ -409,6 +423,37 @@ func runscSandboxes() map[int]string {
 			var pid int
 			fmt.Sscan(filepath.Base(filepath.Dir(p)), &pid)
 			out[pid] = strings.ReplaceAll(string(b), "\x00", " ")
+		}
+	}
+	return out
+}
+
+// sandboxNetworks lists the host's sandbox network objects: namespaces
+// (space-*), links of sandbox ranges (s<tag>x<n>) and nftables tables
+// (space_*).
+func sandboxNetworks() map[string]bool {
+	out := map[string]bool{}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "space-") {
+			out["netns "+e.Name()] = true
+		}
+	}
+	links, _ := exec.Command("ip", "-o", "link", "show").Output()
+	for _, l := range strings.Split(string(links), "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			name := strings.TrimSuffix(strings.SplitN(f[1], "@", 2)[0], ":")
+			if len(name) >= 7 && name[0] == 's' && name[5] == 'x' && strings.Trim(name[6:], "0123456789t") == "" {
+				out["link "+name] = true
+			}
+		}
+	}
+	if c, err := nftables.New(); err == nil {
+		tables, _ := c.ListTablesOfFamily(nftables.TableFamilyINet)
+		for _, t := range tables {
+			if strings.HasPrefix(t.Name, "space_") {
+				out["nft table "+t.Name] = true
+			}
 		}
 	}
 	return out

@@ -29,7 +29,13 @@ type Config struct {
 	StreamBytes   int64  // bytes streamed for the throughput row
 	DirtyMiB      int    // memory dirtied before each suspend
 	ReadSeconds   float64
-	Out           io.Writer
+	// EgressURL, when set, adds the egress rows (egress.go): a URL the
+	// sandboxes can reach that answers ?n=N with N bytes; EgressBytes is
+	// the download's size. EgressOnly measures only those rows.
+	EgressURL   string
+	EgressBytes int64
+	EgressOnly  bool
+	Out         io.Writer
 }
 
 // Row is one measured target.
@@ -145,7 +151,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	say("create → running, %d runs", cfg.Runs)
 	var ds []time.Duration
-	for i := 0; i < cfg.Runs; i++ {
+	creates := cfg.Runs
+	if cfg.EgressOnly {
+		creates = 1
+	}
+	for i := 0; i < creates; i++ {
 		id, d, err := b.create(ctx)
 		if id != "" {
 			made = append(made, id)
@@ -155,8 +165,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		ds = append(ds, d)
 	}
-	rep.Rows = append(rep.Rows, latencyRow("create → running (API call to operation succeeded; a warm pool serves it when one is set)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds))
 	id := made[0]
+	if cfg.EgressURL != "" {
+		say("egress: download and %d new connections from %s", cfg.Runs, cfg.EgressURL)
+		rows, err := b.egressRows(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.EgressOnly {
+			rep.Rows = rows
+			printTable(cfg.Out, rep)
+			return rep, nil
+		}
+		defer func() { rep.Rows = append(rep.Rows, rows...) }()
+	}
+	rep.Rows = append(rep.Rows, latencyRow("create → running (API call to operation succeeded; a warm pool serves it when one is set)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds))
 
 	say("exec round trip (`true`), %d runs", cfg.Runs)
 	ds = nil

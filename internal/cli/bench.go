@@ -19,6 +19,8 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 	runs := fs.Int("runs", 20, "samples per latency row")
 	quick := fs.Bool("quick", false, "few samples and smaller transfers (CI)")
 	out := fs.String("json-out", "", "also write the report as JSON to this file")
+	egress := fs.String("egress-url", "", "also measure egress from a sandbox: a URL it can reach that answers ?n=N with N bytes")
+	egressOnly := fs.Bool("egress-only", false, "measure only the egress rows (needs --egress-url)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -27,9 +29,13 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 		return fmt.Errorf("no API token: set SPACE_API_TOKEN or pass --token")
 	}
 	cfg := bench.Config{APIURL: cf.apiURL, Token: tok, Runtime: *rt, Template: *tpl, Runs: *runs,
-		StreamBytes: 512 << 20, DirtyMiB: 200, ReadSeconds: 5, Out: o.Stdout}
+		StreamBytes: 512 << 20, DirtyMiB: 200, ReadSeconds: 5, Out: o.Stdout,
+		EgressURL: *egress, EgressBytes: 1 << 30, EgressOnly: *egressOnly}
 	if *quick {
-		cfg.Runs, cfg.StreamBytes, cfg.DirtyMiB, cfg.ReadSeconds = 5, 64<<20, 32, 1
+		cfg.Runs, cfg.StreamBytes, cfg.DirtyMiB, cfg.ReadSeconds, cfg.EgressBytes = 5, 64<<20, 32, 1, 64<<20
+	}
+	if cfg.EgressOnly && cfg.EgressURL == "" {
+		return fmt.Errorf("%w: --egress-only needs --egress-url", errUsage)
 	}
 	if cfg.Runs < 1 {
 		return fmt.Errorf("%w: --runs must be at least 1", errUsage)

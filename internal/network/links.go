@@ -312,3 +312,20 @@ func (m *Manager) removeLinks(s *sbxNet) error {
 	}
 	return errors.Join(errs...)
 }
+
+// removeAllLinks deletes every sandbox link and namespace of this
+// instance, known or not.
+func (m *Manager) removeAllLinks() {
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, m.linkPrefix()) {
+			netlink.LinkDel(l)
+		}
+	}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "space-"+m.tag+"-") {
+			netns.DeleteNamed(e.Name())
+		}
+	}
+}

@@ -399,3 +399,16 @@ func (m *Manager) load() error {
 	}
 	return nil
 }
+
+// Teardown removes what New set up on the host for a range — its rules,
+// routing and gateway address — and every sandbox link and namespace of
+// that range left behind. For tests and uninstalling; sandboxes of that
+// range lose their network.
+func Teardown(rng netip.Prefix) {
+	h := fnv.New32a()
+	h.Write([]byte(rng.Masked().String()))
+	sum := h.Sum32()
+	m := &Manager{cfg: Config{Range: rng.Masked()}, tag: fmt.Sprintf("%04x", sum&0xffff), table: 10000 + int(sum%50000), gw: rng.Masked().Addr().Next()}
+	m.teardownHost()
+	m.removeAllLinks()
+}

@@ -252,3 +252,26 @@ func selfSigned(t testing.TB, names []string) tls.Certificate {
 	}
 	return cert
 }
+
+// Client makes a plain namespace joined straight to the upstream by a veth
+// of its own (no SPACE in between): the baseline a sandbox's network is
+// measured against. It returns the namespace's name.
+func (u *Upstream) Client(t testing.TB, index int) string {
+	b := make([]byte, 3)
+	rand.Read(b)
+	ns, link := "spcl-"+hex.EncodeToString(b), "spcl"+hex.EncodeToString(b)
+	mine := netip.AddrFrom4([4]byte{198, 19, byte(index), 1})
+	theirs := netip.AddrFrom4([4]byte{198, 19, byte(index), 2})
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	run(t, "ip", "link", "add", link, "netns", ns, "type", "veth", "peer", "name", link+"u", "netns", u.NS)
+	run(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	run(t, "ip", "-n", ns, "addr", "add", mine.String()+"/30", "dev", link)
+	run(t, "ip", "-n", ns, "link", "set", link, "up")
+	run(t, "ip", "-n", u.NS, "addr", "add", theirs.String()+"/30", "dev", link+"u")
+	run(t, "ip", "-n", u.NS, "link", "set", link+"u", "up")
+	for _, a := range u.Public {
+		run(t, "ip", "-n", ns, "route", "add", a.String()+"/32", "via", theirs.String())
+	}
+	return ns
+}
