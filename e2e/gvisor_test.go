@@ -286,7 +286,7 @@ func TestGVisorWarmPool(t *testing.T) {
 	if r := s.do("GET", "/metrics", "", nil); !bytes.Contains(r.body, []byte(`space_sandboxes{pool="true",state="running"} 3`)) {
 		t.Fatalf("pool sandboxes not in metrics:\n%s", grepLines(string(r.body), "space_sandboxes"))
 	}
-	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","env":{"MINE":"yes"}}`))
+	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","env":{"MINE":"yes"},"network":{"egress":"none"}}`))
 	var created struct {
 		Sandbox   struct{ ID, State string }
 		Operation struct{ State string }
@@ -299,6 +299,19 @@ func TestGVisorWarmPool(t *testing.T) {
 	want := "yes\nsbx-" + strings.TrimPrefix(created.Sandbox.ID, "sbx_")[:12] + "\n"
 	if string(tr.stdout) != want {
 		t.Fatalf("claimed sandbox: %q, want %q", tr.stdout, want)
+	}
+	// Claimed sandboxes get their user's network policy.
+	wget := []string{"wget", "-q", "-T", "3", "-O", "-", "http://" + s.up.Public[0].String() + "/"}
+	if tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": wget}); strings.Contains(string(tr.stdout), "hello from upstream") {
+		t.Errorf("a sandbox claimed with egress none reached upstream")
+	}
+	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","network":{"egress":"public"}}`))
+	r.json(t, &created)
+	if r.status != 202 || created.Operation.State != "succeeded" {
+		t.Fatalf("second create from pool = %d %s", r.status, r.body)
+	}
+	if tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": wget}); !strings.Contains(string(tr.stdout), "hello from upstream") {
+		t.Errorf("a sandbox claimed with egress public cannot reach upstream: %q %q", tr.stdout, tr.stderr)
 	}
 	deadline = time.Now().Add(60 * time.Second)
 	for !bytes.Contains(s.do("GET", "/v1/warm-pools/test:latest", s.token, nil).body, []byte(`"ready":3`)) {

@@ -132,15 +132,20 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 			out.Body.Close()
 		}
 		resolver, _ := s.sh(a.ID, "awk '/^nameserver/{print $2; exit}' /etc/resolv.conf")
+		gateway, _ := s.sh(a.ID, "ip route show default | awk '{print $3; exit}'")
 		bAddr, _ := s.sh(b.ID, "ip -4 -o addr show | awk '$2 != \"lo\" {split($4, a, \"/\"); print a[1]; exit}'")
 		_, apiPort, _ := net.SplitHostPort(s.apiAddr)
 		hostUplink := strings.TrimSuffix(up.Gateway.String(), ".2") + ".1"
 		targets := []string{
-			fmt.Sprintf("http://%s:%d/", strings.TrimSpace(resolver), port), // the host's address on the sandbox side
+			fmt.Sprintf("http://%s:%d/", strings.TrimSpace(resolver), port), // the host's gateway address
+			fmt.Sprintf("http://%s:%d/", strings.TrimSpace(gateway), port),  // the host's end of the sandbox's link
 			fmt.Sprintf("http://%s:%d/", hostUplink, port),                  // the host's uplink address
 			fmt.Sprintf("http://%s:%s/readyz", strings.TrimSpace(resolver), apiPort),
 			"http://" + up.Private.String() + "/", "http://" + up.Metadata.String() + "/",
 			"http://" + strings.TrimSpace(bAddr) + ":7/",
+		}
+		if !strings.Contains(gateway, ".") {
+			t.Fatalf("no default route in the sandbox: %q", gateway)
 		}
 		for _, target := range targets {
 			if out := curl(a.ID, target); reachedUpstream(out) || strings.Contains(out, "ready") {

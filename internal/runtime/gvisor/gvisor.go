@@ -90,8 +90,9 @@ type Runtime struct {
 
 	endpoints *agentclient.Endpoints
 
-	// firstStart serialises sandbox starts until runsc has made its shared
-	// network-namespace mount; concurrent first starts would each mount it.
+	// firstStart serialises starts of sandboxes without a network until
+	// runsc has made its shared empty network-namespace mount; concurrent
+	// first starts would each mount it.
 	firstStart sync.Mutex
 }
 
@@ -197,7 +198,7 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, args ...string) 
 	}
 	defer logf.Close()
 	off, _ := logf.Seek(0, io.SeekEnd)
-	if _, err := os.Stat(filepath.Join(r.cfg.Dir, "runsc", "null-netns")); err != nil {
+	if _, err := os.Stat(filepath.Join(r.cfg.Dir, "runsc", "null-netns")); err != nil && network(spec) == "none" {
 		r.firstStart.Lock()
 		defer r.firstStart.Unlock()
 	}
