@@ -86,7 +86,11 @@ func (m *Manager) writeRules() error {
 	rule(fwd, fromSbx, counter(), verdict(expr.VerdictDrop))
 	rule(fwd, toSbx, counter(), verdict(expr.VerdictDrop))
 
-	// input: the resolver and proxy, reached through DNAT only.
+	// input: the resolver and proxy, reached through DNAT only, from the
+	// sandbox's own address only (they tell sandboxes apart by it).
+	for _, s := range sbxs {
+		rule(in, ifName(expr.MetaKeyIIFNAME, m.linkName(s.idx)), saddrNot(m.guestAddr(s.idx)), counter(), verdict(expr.VerdictDrop))
+	}
 	rule(in, fromSbx, ctStateEstablished(), verdict(expr.VerdictAccept))
 	for _, svc := range []struct {
 		proto byte
@@ -133,13 +137,10 @@ func (m *Manager) egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.
 		return
 	}
 	add("deny", ifNameNot(expr.MetaKeyOIFNAME, m.cfg.Uplink), counter(), drop)
+	// The policy goes in a chain of its own, e<n>p (the floor's opened
+	// ranges skip to it); it must exist before a rule names it.
+	pch := c.AddChain(&nftables.Chain{Name: ch.Name + "p", Table: t})
 	// The floor: opened ranges skip it, the rest drop.
-	floor := 0
-	for _, p := range m.floor.Deny() {
-		if p.Addr().Is4() {
-			floor++
-		}
-	}
 	for _, p := range m.floor.Open() {
 		if p.Addr().Is4() {
 			add("", daddrIn(p), []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name + "p"}})
@@ -151,8 +152,6 @@ func (m *Manager) egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.
 		}
 	}
 	add("", []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name + "p"}})
-	// The policy, in a chain of its own (the floor's opened ranges go there).
-	pch := c.AddChain(&nftables.Chain{Name: ch.Name + "p", Table: t})
 	padd := func(tag string, exprs ...[]expr.Any) {
 		var all []expr.Any
 		for _, e := range exprs {
