@@ -301,8 +301,9 @@ func TestGVisorWarmPool(t *testing.T) {
 		t.Fatalf("claimed sandbox: %q, want %q", tr.stdout, want)
 	}
 	// Claimed sandboxes get their user's network policy.
-	wget := []string{"wget", "-q", "-T", "3", "-O", "-", "http://" + s.up.Public[0].String() + "/"}
-	if tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": wget}); strings.Contains(string(tr.stdout), "hello from upstream") {
+	// (busybox's wget crashes in a static build; nc speaks HTTP well enough)
+	httpGet := []string{"sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 " + s.up.Public[0].String() + " 80 2>&1"}
+	if tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": httpGet}); strings.Contains(string(tr.stdout), "hello from upstream") {
 		t.Errorf("a sandbox claimed with egress none reached upstream")
 	}
 	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","network":{"egress":"public"}}`))
@@ -310,8 +311,8 @@ func TestGVisorWarmPool(t *testing.T) {
 	if r.status != 202 || created.Operation.State != "succeeded" {
 		t.Fatalf("second create from pool = %d %s", r.status, r.body)
 	}
-	if tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": wget}); !strings.Contains(string(tr.stdout), "hello from upstream") {
-		t.Errorf("a sandbox claimed with egress public cannot reach upstream: %q %q", tr.stdout, tr.stderr)
+	if tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": httpGet}); !strings.Contains(string(tr.stdout), "hello from upstream") {
+		t.Errorf("a sandbox claimed with egress public cannot reach upstream: %q %q ", tr.stdout, tr.stderr)
 	}
 	deadline = time.Now().Add(60 * time.Second)
 	for !bytes.Contains(s.do("GET", "/v1/warm-pools/test:latest", s.token, nil).body, []byte(`"ready":3`)) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/spacesandbox/space/internal/netpolicy"
@@ -48,7 +49,7 @@ func (m *Manager) writeRules() error {
 	m.mu.Unlock()
 	sort.Slice(sbxs, func(i, j int) bool { return sbxs[i].idx < sbxs[j].idx })
 
-	c, err := nftables.New()
+	c, err := newNFT()
 	if err != nil {
 		return err
 	}
@@ -198,7 +199,7 @@ func (m *Manager) foldCounters(c *nftables.Conn, t *nftables.Table) {
 // the rules now count them (by sandbox index).
 func (m *Manager) readCounters() map[int][2]int64 {
 	out := map[int][2]int64{}
-	c, err := nftables.New()
+	c, err := newNFT()
 	if err != nil {
 		return out
 	}
@@ -247,6 +248,29 @@ func (m *Manager) deleteRules() error {
 	c.AddTable(t)
 	c.DelTable(t)
 	return c.Flush()
+}
+
+// newNFT opens an nftables connection whose socket buffers hold the
+// answers to a whole rewrite (the kernel answers every message of a batch;
+// the default buffer overflows with ENOBUFS at a few sandboxes).
+func newNFT() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(nc *netlink.Conn) error {
+		rc, err := nc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		err = rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 16<<20)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}))
 }
 
 // Expression helpers. Register 1 holds what is compared.
