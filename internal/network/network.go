@@ -77,9 +77,11 @@ type Manager struct {
 	floor   *netpolicy.Floor
 	uplinks string // why egress may not work, for readyz-like reporting
 
-	mu    sync.Mutex
-	sbx   map[string]*sbxNet // by sandbox id
-	byIdx map[int]*sbxNet
+	mu  sync.Mutex
+	sbx map[string]*sbxNet // by sandbox id
+	// rulesMu serialises nftables transactions.
+	rulesMu sync.Mutex
+	byIdx   map[int]*sbxNet
 
 	closers []func()
 }
@@ -94,6 +96,8 @@ type sbxNet struct {
 	// names it answered it for (for the proxy's domain rules).
 	learned *learned
 	stats   Stats
+	// inTable says its elements are in the dispatch maps.
+	inTable bool
 }
 
 // New sets up the host side and starts the resolver and proxy. It needs
@@ -279,7 +283,7 @@ func (m *Manager) Attach(ctx context.Context, id string, kind runtime.NetKind, p
 	if err := m.makeLinks(s, starting); err != nil {
 		return nil, fmt.Errorf("network of %s: %w", id, err)
 	}
-	if err := m.writeRules(); err != nil {
+	if err := m.updateRules(s); err != nil {
 		return nil, fmt.Errorf("network rules of %s: %w", id, err)
 	}
 	return m.attachment(s), nil
@@ -300,7 +304,7 @@ func (m *Manager) Apply(ctx context.Context, id string, pol sandbox.Network) err
 	if s == nil {
 		return nil // no network yet: Attach applies it
 	}
-	return m.writeRules()
+	return m.updateRules(s)
 }
 
 // Detach removes a sandbox's network: links, namespace, rules, resolver
@@ -316,13 +320,13 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if err := m.removeLinks(s); err != nil {
 		errs = append(errs, err)
 	}
+	if err := m.removeRules(s); err != nil {
+		errs = append(errs, err)
+	}
 	m.mu.Lock()
 	delete(m.sbx, id)
 	delete(m.byIdx, s.idx)
 	m.mu.Unlock()
-	if err := m.writeRules(); err != nil {
-		errs = append(errs, err)
-	}
 	if err := os.Remove(filepath.Join(m.cfg.StateDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}

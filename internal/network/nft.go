@@ -18,29 +18,46 @@ import (
 	"github.com/spacesandbox/space/internal/netpolicy"
 )
 
-// The rules live in one table per instance, rewritten whole in one
-// nftables transaction on every change (add, delete, policy change): the
-// kernel swaps the old rules for the new atomically, so no packet ever sees
-// a half-written policy, and recovery is the same code path as a change.
-// Conntrack state survives the swap: established connections carry on.
+// The rules live in one table per instance. New writes it whole in one
+// nftables transaction (everything known: recovery is the same code path as
+// a start); after that each change touches only its sandbox — its chains and
+// its elements of the dispatch maps — in one transaction of its own, so a
+// change costs the same with ten sandboxes or a thousand, and no packet ever
+// sees a half-written policy. Conntrack state outlives rule changes:
+// established connections carry on.
 //
 // forward (filter):  replies to sandboxes' connections pass; a packet from a
-//                    sandbox jumps to its chain e<n>; anything else from or to
-//                    a sandbox link is dropped (no sandbox ↔ sandbox, no
-//                    unsolicited inbound).
+//                    sandbox jumps to its chain e<n> (vmap @egress by link);
+//                    anything else from or to a sandbox link is dropped (no
+//                    sandbox ↔ sandbox, no unsolicited inbound).
 // e<n>:              IPv4 only, its own source address only, out of the
-//                    uplink only, the floor, allow CIDRs, deny CIDRs, default;
-//                    every verdict counted (tagged "allow"/"deny" for metrics).
-// input (filter):    from a sandbox link only DNS and the proxy, after DNAT.
-// prerouting (nat):  every DNS query → the resolver; with domain rules,
-//                    ports 80 and 443 → the proxy.
+//                    uplink only, the floor; then e<n>p: allow CIDRs, deny
+//                    CIDRs, default; every verdict counted (tagged
+//                    "allow"/"deny" for metrics).
+// input (filter):    i<n> (vmap @input): its own source address only; then
+//                    from a sandbox link only DNS and the proxy, after DNAT.
+// prerouting (nat):  every DNS query → the resolver; n<n> (vmap @dnat): with
+//                    domain rules, ports 80 and 443 → the proxy.
 // postrouting (nat): masquerade the range out of the uplink.
 
 func (m *Manager) tableName() string { return "space_" + m.tag }
 
+func (m *Manager) nftTable() *nftables.Table {
+	return &nftables.Table{Name: m.tableName(), Family: nftables.TableFamilyINet}
+}
+
+// The dispatch maps: a sandbox link's name → a jump to its chain.
+func (m *Manager) vmap(t *nftables.Table, name string) *nftables.Set {
+	return &nftables.Set{Table: t, Name: name, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+}
+
+var dispatchMaps = []struct{ set, prefix string }{{"egress", "e"}, {"input", "i"}, {"dnat", "n"}}
+
 // writeRules replaces the instance's table with the rules for every
-// sandbox now known.
+// sandbox now known (at New).
 func (m *Manager) writeRules() error {
+	m.rulesMu.Lock()
+	defer m.rulesMu.Unlock()
 	m.mu.Lock()
 	sbxs := make([]*sbxNet, 0, len(m.sbx))
 	for _, s := range m.sbx {
@@ -53,7 +70,9 @@ func (m *Manager) writeRules() error {
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Name: m.tableName(), Family: nftables.TableFamilyINet}
+	t := m.nftTable()
+	// Counters of the sandboxes' verdicts are carried over the rewrite.
+	m.foldCounters(-1)
 	// add-delete-add: delete fails on a missing table, add never does.
 	c.AddTable(t)
 	c.DelTable(t)
@@ -63,8 +82,19 @@ func (m *Manager) writeRules() error {
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
-	// Counters of the sandboxes' verdicts are carried over the rewrite.
-	m.foldCounters(c, t)
+	maps := map[string]*nftables.Set{}
+	for _, d := range dispatchMaps {
+		maps[d.set] = m.vmap(t, d.set)
+		if err := c.AddSet(maps[d.set], nil); err != nil {
+			return err
+		}
+	}
+	// The sandboxes' chains first: the maps' elements name them.
+	for _, s := range sbxs {
+		if err := m.sandboxRules(c, t, s, true); err != nil {
+			return err
+		}
+	}
 
 	rule := func(ch *nftables.Chain, exprs ...[]expr.Any) {
 		var all []expr.Any
@@ -75,23 +105,21 @@ func (m *Manager) writeRules() error {
 	}
 	fromSbx := ifPrefix(expr.MetaKeyIIFNAME, m.linkPrefix())
 	toSbx := ifPrefix(expr.MetaKeyOIFNAME, m.linkPrefix())
+	dispatch := func(set *nftables.Set) []expr.Any {
+		return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, DestRegister: 0, IsDestRegSet: true}}
+	}
 
 	// forward
 	rule(fwd, fromSbx, ctStateEstablished(), verdict(expr.VerdictAccept))
 	rule(fwd, toSbx, ctStateEstablished(), verdict(expr.VerdictAccept))
-	for _, s := range sbxs {
-		ch := c.AddChain(&nftables.Chain{Name: fmt.Sprintf("e%d", s.idx), Table: t})
-		rule(fwd, ifName(expr.MetaKeyIIFNAME, m.linkName(s.idx)), jump(ch.Name))
-		m.egressRules(c, t, ch, s)
-	}
+	rule(fwd, fromSbx, dispatch(maps["egress"]))
 	rule(fwd, fromSbx, counter(), verdict(expr.VerdictDrop))
 	rule(fwd, toSbx, counter(), verdict(expr.VerdictDrop))
 
 	// input: the resolver and proxy, reached through DNAT only, from the
 	// sandbox's own address only (they tell sandboxes apart by it).
-	for _, s := range sbxs {
-		rule(in, ifName(expr.MetaKeyIIFNAME, m.linkName(s.idx)), saddrNot(m.guestAddr(s.idx)), counter(), verdict(expr.VerdictDrop))
-	}
+	rule(in, fromSbx, dispatch(maps["input"]))
 	rule(in, fromSbx, ctStateEstablished(), verdict(expr.VerdictAccept))
 	for _, svc := range []struct {
 		proto byte
@@ -105,113 +133,204 @@ func (m *Manager) writeRules() error {
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		rule(pre, fromSbx, ipv4(), l4(proto), dport(53), dnat(m.gw, dnsPort))
 	}
-	for _, s := range sbxs {
-		if s.policy != nil && s.policy.HasDomains() && (s.policy.Public || len(s.policy.Allow) > 0) {
-			name := ifName(expr.MetaKeyIIFNAME, m.linkName(s.idx))
-			rule(pre, name, ipv4(), l4(unix.IPPROTO_TCP), dport(80), dnat(m.gw, httpPort))
-			rule(pre, name, ipv4(), l4(unix.IPPROTO_TCP), dport(443), dnat(m.gw, httpsPort))
-		}
-	}
+	rule(pre, fromSbx, dispatch(maps["dnat"]))
 	// postrouting
 	if m.cfg.Uplink != "" {
 		rule(post, ifName(expr.MetaKeyOIFNAME, m.cfg.Uplink), ipv4(), saddrIn(m.cfg.Range), []expr.Any{&expr.Masq{}})
 	}
-	return c.Flush()
+	if err := c.Flush(); err != nil {
+		return err
+	}
+	for _, s := range sbxs {
+		s.inTable = true
+	}
+	return nil
 }
 
-// egressRules fills a sandbox's chain from its policy. Only a connection's
-// first packet gets here (the rest are established), so the counters of
-// the verdict rules count connections.
-func (m *Manager) egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, s *sbxNet) {
-	add := func(tag string, exprs ...[]expr.Any) {
+// updateRules writes one sandbox's chains (and, the first time, its map
+// elements) in one transaction.
+func (m *Manager) updateRules(s *sbxNet) error {
+	m.rulesMu.Lock()
+	defer m.rulesMu.Unlock()
+	m.foldCounters(s.idx)
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	if err := m.sandboxRules(c, m.nftTable(), s, !s.inTable); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return err
+	}
+	s.inTable = true
+	return nil
+}
+
+// removeRules deletes one sandbox's map elements and chains.
+func (m *Manager) removeRules(s *sbxNet) error {
+	m.rulesMu.Lock()
+	defer m.rulesMu.Unlock()
+	c, err := newNFT()
+	if err != nil {
+		return err
+	}
+	t := m.nftTable()
+	key := []nftables.SetElement{{Key: ifBytes(m.linkName(s.idx))}}
+	for _, d := range dispatchMaps {
+		if err := c.SetDeleteElements(m.vmap(t, d.set), key); err != nil {
+			return err
+		}
+	}
+	for _, name := range m.chainNames(s.idx) {
+		c.DelChain(&nftables.Chain{Name: name, Table: t})
+	}
+	if err := c.Flush(); err != nil {
+		// Gone already (a retry, or a table rewritten without it).
+		if chains, lerr := c.ListChainsOfTableFamily(nftables.TableFamilyINet); lerr == nil {
+			for _, ch := range chains {
+				if ch.Table.Name == t.Name && ch.Name == fmt.Sprintf("e%d", s.idx) {
+					return err
+				}
+			}
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+func (m *Manager) chainNames(idx int) []string {
+	return []string{fmt.Sprintf("e%d", idx), fmt.Sprintf("e%dp", idx), fmt.Sprintf("i%d", idx), fmt.Sprintf("n%d", idx)}
+}
+
+// sandboxRules adds to c a sandbox's chains with their rules (emptying
+// chains that exist) and, with elements, its entries in the dispatch maps.
+func (m *Manager) sandboxRules(c *nftables.Conn, t *nftables.Table, s *sbxNet, elements bool) error {
+	names := m.chainNames(s.idx)
+	chains := make([]*nftables.Chain, len(names))
+	for i, name := range names {
+		chains[i] = c.AddChain(&nftables.Chain{Name: name, Table: t})
+		c.FlushChain(chains[i])
+	}
+	egress, policy, input, nat := chains[0], chains[1], chains[2], chains[3]
+	m.egressRules(c, t, egress, policy, s)
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: append(saddrNot(m.guestAddr(s.idx)), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})})
+	if s.policy != nil && s.policy.HasDomains() && (s.policy.Public || len(s.policy.Allow) > 0) {
+		for _, p := range []struct{ from, to uint16 }{{80, httpPort}, {443, httpsPort}} {
+			var exprs []expr.Any
+			for _, e := range [][]expr.Any{ipv4(), l4(unix.IPPROTO_TCP), dport(p.from), dnat(m.gw, p.to)} {
+				exprs = append(exprs, e...)
+			}
+			c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: exprs})
+		}
+	}
+	if !elements {
+		return nil
+	}
+	for i, d := range dispatchMaps {
+		ch := []*nftables.Chain{egress, input, nat}[i]
+		el := []nftables.SetElement{{Key: ifBytes(m.linkName(s.idx)), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}}}
+		if err := c.SetAddElements(m.vmap(t, d.set), el); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// egressRules fills a sandbox's chains from its policy. Only a
+// connection's first packet gets here (the rest are established), so the
+// counters of the verdict rules count connections.
+func (m *Manager) egressRules(c *nftables.Conn, t *nftables.Table, ch, pch *nftables.Chain, s *sbxNet) {
+	add := func(chain *nftables.Chain, tag string, exprs ...[]expr.Any) {
 		var all []expr.Any
 		for _, e := range exprs {
 			all = append(all, e...)
 		}
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: all, UserData: []byte(tag)})
+		c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: all, UserData: []byte(tag)})
 	}
 	drop, accept := verdict(expr.VerdictDrop), verdict(expr.VerdictAccept)
-	add("deny", notIPv4(), counter(), drop)
-	add("deny", saddrNot(m.guestAddr(s.idx)), counter(), drop)
+	add(ch, "deny", notIPv4(), counter(), drop)
+	add(ch, "deny", saddrNot(m.guestAddr(s.idx)), counter(), drop)
 	if m.cfg.Uplink == "" {
-		add("deny", counter(), drop)
+		add(ch, "deny", counter(), drop)
 		return
 	}
-	add("deny", ifNameNot(expr.MetaKeyOIFNAME, m.cfg.Uplink), counter(), drop)
-	// The policy goes in a chain of its own, e<n>p (the floor's opened
-	// ranges skip to it); it must exist before a rule names it.
-	pch := c.AddChain(&nftables.Chain{Name: ch.Name + "p", Table: t})
+	add(ch, "deny", ifNameNot(expr.MetaKeyOIFNAME, m.cfg.Uplink), counter(), drop)
 	// The floor: opened ranges skip it, the rest drop.
+	toPolicy := []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: pch.Name}}
 	for _, p := range m.floor.Open() {
 		if p.Addr().Is4() {
-			add("", daddrIn(p), []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name + "p"}})
+			add(ch, "", daddrIn(p), toPolicy)
 		}
 	}
 	for _, p := range m.floor.Deny() {
 		if p.Addr().Is4() {
-			add("deny", daddrIn(p), counter(), drop)
+			add(ch, "deny", daddrIn(p), counter(), drop)
 		}
 	}
-	add("", []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name + "p"}})
-	padd := func(tag string, exprs ...[]expr.Any) {
-		var all []expr.Any
-		for _, e := range exprs {
-			all = append(all, e...)
-		}
-		c.AddRule(&nftables.Rule{Table: t, Chain: pch, Exprs: all, UserData: []byte(tag)})
-	}
+	add(ch, "", toPolicy)
 	p := s.policy
 	if p == nil {
 		p, _ = netpolicy.Parse(netpolicy.Default)
 	}
 	for _, r := range p.Allow {
 		if r.Domain == "" && r.Prefix.Addr().Is4() {
-			padd("allow", daddrIn(r.Prefix), counter(), accept)
+			add(pch, "allow", daddrIn(r.Prefix), counter(), accept)
 		}
 	}
 	for _, r := range p.Deny {
 		if r.Domain == "" && r.Prefix.Addr().Is4() {
-			padd("deny", daddrIn(r.Prefix), counter(), drop)
+			add(pch, "deny", daddrIn(r.Prefix), counter(), drop)
 		}
 	}
 	if p.Public {
-		padd("allow", counter(), accept)
+		add(pch, "allow", counter(), accept)
 	} else {
-		padd("deny", counter(), drop)
+		add(pch, "deny", counter(), drop)
 	}
 }
 
-// foldCounters adds the connection counters of the rules about to be
-// replaced to each sandbox's totals (the rewrite starts them at zero).
-func (m *Manager) foldCounters(c *nftables.Conn, t *nftables.Table) {
-	counts := m.readCounters()
+// foldCounters adds the connection counters of rules about to be replaced
+// (sandbox idx's, or every sandbox's for -1) to the sandboxes' totals.
+func (m *Manager) foldCounters(idx int) {
+	counts := m.readCounters(idx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for idx, n := range counts {
-		if s := m.byIdx[idx]; s != nil {
+	for i, n := range counts {
+		if s := m.byIdx[i]; s != nil {
 			s.stats.nftAllowed.Add(n[0])
 			s.stats.nftDenied.Add(n[1])
 		}
 	}
 }
 
-// readCounters returns each sandbox's allowed and denied connections as
-// the rules now count them (by sandbox index).
-func (m *Manager) readCounters() map[int][2]int64 {
+// readCounters returns the allowed and denied connections of sandbox idx
+// (-1: every sandbox) as the rules now count them, by sandbox index.
+func (m *Manager) readCounters(only int) map[int][2]int64 {
 	out := map[int][2]int64{}
 	c, err := newNFT()
 	if err != nil {
 		return out
 	}
-	t := &nftables.Table{Name: m.tableName(), Family: nftables.TableFamilyINet}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return out
+	t := m.nftTable()
+	var chains []*nftables.Chain
+	if only >= 0 {
+		for _, name := range m.chainNames(only)[:2] {
+			chains = append(chains, &nftables.Chain{Name: name, Table: t})
+		}
+	} else {
+		all, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+		if err != nil {
+			return out
+		}
+		for _, ch := range all {
+			if ch.Table.Name == t.Name && strings.HasPrefix(ch.Name, "e") {
+				chains = append(chains, ch)
+			}
+		}
 	}
 	for _, ch := range chains {
-		if ch.Table.Name != t.Name || !strings.HasPrefix(ch.Name, "e") {
-			continue
-		}
 		idx, err := strconv.Atoi(strings.TrimSuffix(ch.Name[1:], "p"))
 		if err != nil {
 			continue
@@ -244,7 +363,7 @@ func (m *Manager) deleteRules() error {
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Name: m.tableName(), Family: nftables.TableFamilyINet}
+	t := m.nftTable()
 	c.AddTable(t)
 	c.DelTable(t)
 	return c.Flush()

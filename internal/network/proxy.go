@@ -57,7 +57,7 @@ func (m *Manager) countDNS(id string, allowed bool) {
 // bytes from its host link's counters, connections from the rules' and
 // the proxy's, DNS answers from the resolver's.
 func (m *Manager) NetStats() []metrics.NetStat {
-	counts := m.readCounters()
+	counts := m.readCounters(-1)
 	m.mu.Lock()
 	sbxs := make([]*sbxNet, 0, len(m.sbx))
 	for _, s := range m.sbx {

@@ -162,7 +162,9 @@ step('timeout kills; onTimeout pause suspends and connect restores')
 const pub = process.env.UPSTREAM_PUBLIC, pub2 = process.env.UPSTREAM_PUBLIC2
 const reach = async (s, url) => {
   const res = await s.commands.run(`curl -sS -k -m 4 ${url}`).catch((e) => e)
-  return res.exitCode === 0 && res.stdout.includes('hello from upstream')
+  const ok = res.exitCode === 0 && res.stdout.includes('hello from upstream')
+  if (!ok) console.log(`  (${url} from ${s.sandboxId}: exit ${res.exitCode} ${res.stdout}${res.stderr})`)
+  return ok
 }
 const offline = await Sandbox.create({ timeoutMs: 120_000, allowInternetAccess: false })
 assert.equal(await reach(offline, `http://${pub}/`), false)

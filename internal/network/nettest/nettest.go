@@ -92,6 +92,7 @@ func NewUpstream(t testing.TB, index int) *Upstream {
 		"other.example.test":   u.Public[1],
 	}
 	hostAddr := netip.AddrFrom4([4]byte{198, 18, byte(index), 1})
+	removeStale(hostAddr)
 	run(t, "ip", "netns", "add", u.NS)
 	t.Cleanup(func() {
 		exec.Command("ip", "link", "del", u.Uplink).Run()
@@ -274,4 +275,18 @@ func (u *Upstream) Client(t testing.TB, index int) string {
 		run(t, "ip", "-n", ns, "route", "add", a.String()+"/32", "via", theirs.String())
 	}
 	return ns
+}
+
+// removeStale deletes an upstream a killed test run left holding the same
+// host address (two links with one address would split the routes).
+func removeStale(hostAddr netip.Addr) {
+	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 4 || !strings.HasPrefix(f[1], "spup") || !strings.HasPrefix(f[3], hostAddr.String()+"/") {
+			continue
+		}
+		exec.Command("ip", "link", "del", f[1]).Run()
+		exec.Command("ip", "netns", "del", "spup-"+strings.TrimPrefix(f[1], "spup")).Run()
+	}
 }
