@@ -43,14 +43,7 @@ func TestE2BSDK(t *testing.T) {
 	}
 	sdk := requireE2BSDK(t)
 	requireGVisor(t)
-	dataDir := t.TempDir()
-	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
-	if out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir).CombinedOutput(); err != nil {
-		t.Fatalf("build seed: %v\n%s", err, out)
-	}
-	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "seed:latest",
-		args: []string{"--runtime", "gvisor", "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}})
-	t.Cleanup(func() { cleanupGVisor(s) })
+	s := startSeedServer(t, "gvisor")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

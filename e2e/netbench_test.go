@@ -29,14 +29,7 @@ func TestNetworkBench(t *testing.T) {
 	if ok, _ := vmAvailable(); ok {
 		rts = append(rts, "vm")
 	}
-	dataDir := t.TempDir()
-	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
-	if out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir).CombinedOutput(); err != nil {
-		t.Fatalf("build seed: %v\n%s", err, out)
-	}
-	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "seed:latest",
-		args: []string{"--runtime", "auto", "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}})
-	t.Cleanup(func() { cleanupGVisor(s) })
+	s := startSeedServer(t, "auto")
 	url := "http://" + s.up.Public[0].String() + "/bytes"
 	const size = 1 << 30
 	const conns = 20

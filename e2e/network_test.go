@@ -35,14 +35,7 @@ func TestSandboxNetwork(t *testing.T) {
 	} else if os.Getenv("SPACE_REQUIRE_VM") == "1" {
 		t.Fatalf("SPACE_REQUIRE_VM=1 but the vm runtime cannot run: %s", why)
 	}
-	dataDir := t.TempDir()
-	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
-	if out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir).CombinedOutput(); err != nil {
-		t.Fatalf("build seed: %v\n%s", err, out)
-	}
-	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "seed:latest",
-		args: []string{"--runtime", "auto", "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}})
-	t.Cleanup(func() { cleanupGVisor(s) })
+	s := startSeedServer(t, "auto")
 	for _, rt := range rts {
 		t.Run(rt, func(t *testing.T) { testSandboxNetwork(t, s, rt) })
 	}

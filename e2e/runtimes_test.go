@@ -180,3 +180,18 @@ func splitLines(s string) []string {
 	}
 	return out
 }
+
+// startSeedServer builds seed:latest into a new data directory and starts a
+// production server on rt ("gvisor", "vm" or "auto") that creates from it.
+func startSeedServer(t *testing.T, rt string) *server {
+	t.Helper()
+	dataDir := t.TempDir()
+	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
+	if out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir).CombinedOutput(); err != nil {
+		t.Fatalf("build seed: %v\n%s", err, out)
+	}
+	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "seed:latest",
+		args: []string{"--runtime", rt, "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}})
+	t.Cleanup(func() { cleanupGVisor(s) })
+	return s
+}
