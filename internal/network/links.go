@@ -199,101 +199,161 @@ func (m *Manager) ensureNetns(id string) (netns.NsHandle, error) {
 }
 
 // makeLinks makes whatever of the sandbox's links is missing and sets
-// their addresses. starting says the runtime is about to start the sandbox
-// in it (create, restore): the sandbox's side is configured then, and left
-// alone otherwise — gVisor takes eth0's address and routes off the
-// namespace's kernel once it runs (its own netstack answers), and putting
-// them back would make that kernel answer in its place.
+// their addresses. Both kinds get a named network namespace joined to the
+// host by a veth pair (the host's end s<tag>x<n>, the sandbox's eth0):
+//
+//   - NetNamespace (gvisor): eth0 has the sandbox's address and default
+//     route; runsc's netstack takes it over;
+//   - NetTap (vm): eth0 and a tap device (tap0) are ports of a bridge
+//     (br0) and carry no address — the guest has it, one hop from the
+//     host's end — and QEMU runs inside the namespace, so a QEMU escape
+//     finds no host network either.
+//
+// starting says the runtime is about to start the sandbox in it (create,
+// restore): the sandbox's side is configured then, and left alone
+// otherwise — gVisor takes eth0's address and routes off the namespace's
+// kernel once it runs (its own netstack answers), and putting them back
+// would make that kernel answer in its place.
 func (m *Manager) makeLinks(s *sbxNet, starting bool) error {
 	name := m.linkName(s.idx)
-	hostPfx := netip.PrefixFrom(m.hostAddr(s.idx), 30)
-	switch s.kind {
-	case runtime.NetNamespace:
-		ns, err := m.ensureNetns(s.id)
-		if err != nil {
-			return err
-		}
-		defer ns.Close()
-		nh, err := netlink.NewHandleAt(ns)
-		if err != nil {
-			return fmt.Errorf("netlink in the sandbox namespace: %w", err)
-		}
-		defer nh.Close()
-		_, err = netlink.LinkByName(name)
-		exists := err == nil
-		if exists && !starting {
-			break
-		}
-		// The pair is made under a temporary name and renamed once the
-		// sandbox's side is configured, so a link with the final name is
-		// always a finished one. A half-made pair (a crash) goes first.
-		tmp := name + "t"
-		if !exists {
-			if l, err := netlink.LinkByName(tmp); err == nil {
-				netlink.LinkDel(l)
-			}
-			if l, err := nh.LinkByName("eth0"); err == nil {
-				nh.LinkDel(l)
-			}
-			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tmp}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
-			if err := netlink.LinkAdd(veth); err != nil {
-				return fmt.Errorf("add veth %s: %w", name, err)
-			}
-		}
-		lo, err := nh.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := nh.LinkSetUp(lo); err != nil {
-			return err
-		}
-		eth, err := nh.LinkByName("eth0")
-		if err != nil {
-			return fmt.Errorf("the sandbox's eth0: %w", err)
-		}
-		if err := nh.AddrReplace(eth, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(m.guestAddr(s.idx), 30))}); err != nil {
-			return fmt.Errorf("address eth0: %w", err)
-		}
-		if err := nh.LinkSetUp(eth); err != nil {
-			return err
-		}
-		def := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: m.hostAddr(s.idx).AsSlice(), Dst: ipnet(netip.MustParsePrefix("0.0.0.0/0"))}
-		if err := nh.RouteReplace(def); err != nil {
-			return fmt.Errorf("default route in the sandbox: %w", err)
-		}
-		if !exists {
-			hl, err := netlink.LinkByName(tmp)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetName(hl, name); err != nil {
-				return fmt.Errorf("name veth %s: %w", name, err)
-			}
-		}
-	case runtime.NetTap:
-		if _, err := netlink.LinkByName(name); err != nil {
-			tap := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: name}, Mode: netlink.TUNTAP_MODE_TAP,
-				Flags: netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR}
-			if err := netlink.LinkAdd(tap); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("add tap %s: %w", name, err)
-			}
-			for _, f := range tap.Fds {
-				f.Close() // persistent: QEMU opens it by name
-			}
-		}
-	default:
+	if s.kind != runtime.NetNamespace && s.kind != runtime.NetTap {
 		return fmt.Errorf("unknown network kind %q", s.kind)
+	}
+	ns, err := m.ensureNetns(s.id)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	_, err = netlink.LinkByName(name)
+	exists := err == nil
+	if !exists || starting {
+		if err := m.makeSandboxSide(s, ns, name, exists); err != nil {
+			return err
+		}
 	}
 	l, err := netlink.LinkByName(name)
 	if err != nil {
 		return err
 	}
-	if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: ipnet(hostPfx)}); err != nil {
+	if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(m.hostAddr(s.idx), 30))}); err != nil {
 		return fmt.Errorf("address %s: %w", name, err)
 	}
 	// No IPv6 on the host's end: sandboxes get IPv4 only.
 	os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
 	return netlink.LinkSetUp(l)
+}
+
+// makeSandboxSide makes the veth pair (unless exists) and configures the
+// namespace's side. The pair is made under a temporary name and renamed
+// once the sandbox's side is done, so a link with the final name is always
+// a finished one; a half-made pair (a crash) goes first.
+func (m *Manager) makeSandboxSide(s *sbxNet, ns netns.NsHandle, name string, exists bool) error {
+	tmp := name + "t"
+	if !exists {
+		if l, err := netlink.LinkByName(tmp); err == nil {
+			netlink.LinkDel(l)
+		}
+		nh, err := netlink.NewHandleAt(ns)
+		if err != nil {
+			return fmt.Errorf("netlink in the sandbox namespace: %w", err)
+		}
+		if l, err := nh.LinkByName("eth0"); err == nil {
+			nh.LinkDel(l)
+		}
+		nh.Close()
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tmp}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth %s: %w", name, err)
+		}
+	}
+	// Inside the namespace (a thread of its own: a tap is made in the
+	// namespace of the thread that asks).
+	err := inThread(func() error {
+		if err := netns.Set(ns); err != nil {
+			return err
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		eth, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return fmt.Errorf("the sandbox's eth0: %w", err)
+		}
+		if s.kind == runtime.NetTap {
+			return m.bridgeTap(eth)
+		}
+		if err := netlink.AddrReplace(eth, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(m.guestAddr(s.idx), 30))}); err != nil {
+			return fmt.Errorf("address eth0: %w", err)
+		}
+		if err := netlink.LinkSetUp(eth); err != nil {
+			return err
+		}
+		def := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: m.hostAddr(s.idx).AsSlice(), Dst: ipnet(netip.MustParsePrefix("0.0.0.0/0"))}
+		if err := netlink.RouteReplace(def); err != nil {
+			return fmt.Errorf("default route in the sandbox: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !exists {
+		hl, err := netlink.LinkByName(tmp)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetName(hl, name); err != nil {
+			return fmt.Errorf("name veth %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// TapName is the tap device a vm sandbox's QEMU opens in its namespace.
+const TapName = "tap0"
+
+// bridgeTap makes br0 and the persistent tap0 (unless they exist) and puts
+// eth0 and tap0 on the bridge. It runs inside the sandbox's namespace.
+func (m *Manager) bridgeTap(eth netlink.Link) error {
+	br, err := netlink.LinkByName("br0")
+	if err != nil {
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add bridge: %w", err)
+		}
+		if br, err = netlink.LinkByName("br0"); err != nil {
+			return err
+		}
+	}
+	tap, err := netlink.LinkByName(TapName)
+	if err != nil {
+		t := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: TapName}, Mode: netlink.TUNTAP_MODE_TAP,
+			Flags: netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR}
+		if err := netlink.LinkAdd(t); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add tap: %w", err)
+		}
+		for _, f := range t.Fds {
+			f.Close() // persistent: QEMU opens it by name
+		}
+		if tap, err = netlink.LinkByName(TapName); err != nil {
+			return err
+		}
+	}
+	for _, l := range []netlink.Link{eth, tap} {
+		if err := netlink.LinkSetMaster(l, br); err != nil {
+			return fmt.Errorf("bridge %s: %w", l.Attrs().Name, err)
+		}
+	}
+	for _, l := range []netlink.Link{br, eth, tap} {
+		os.WriteFile("/proc/sys/net/ipv6/conf/"+l.Attrs().Name+"/disable_ipv6", []byte("1"), 0o644)
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("%s up: %w", l.Attrs().Name, err)
+		}
+	}
+	return nil
 }
 
 // removeLinks deletes the sandbox's host link (a veth's peer goes with it)

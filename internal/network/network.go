@@ -1,8 +1,9 @@
 //go:build linux
 
 // Package network gives sandboxes their network: an address per sandbox in
-// a private range, a network namespace with a veth (gvisor) or a tap device
-// (vm), NAT out of one uplink, and the sandbox's policy enforced in three
+// a private range, a network namespace joined to the host by a veth (gvisor
+// runs its netstack on it; vm bridges it to a tap QEMU opens inside the
+// namespace), NAT out of one uplink, and the sandbox's policy enforced in three
 // places — nftables (addresses: the floor, CIDR rules, the default), SPACE's
 // own resolver (names) and a proxy for HTTP and TLS that reads the Host
 // header or SNI (domain rules on ports 80 and 443). Nothing here shells out:
@@ -12,7 +13,9 @@
 //
 //	<range>.1/32   the gateway address, on lo: the resolver and the proxy
 //	               listen there
-//	s<tag>x<n>     one veth end or tap per sandbox, <host>/30
+//	s<tag>x<n>     the host's end of each sandbox's veth, <host>/30; the other
+//	               end is eth0 in the sandbox's namespace (space-<tag>-<id>),
+//	               bridged to a tap there for vm sandboxes
 //	table inet space_<tag>   forward/input filters, DNAT to resolver and proxy, masquerade
 //	ip rule from <range> lookup <table>: sandboxes route out the uplink only
 //
@@ -227,11 +230,9 @@ func (m *Manager) byAddr(a netip.Addr) *sbxNet {
 
 func (m *Manager) attachment(s *sbxNet) *runtime.Net {
 	n := &runtime.Net{Kind: s.kind, Address: netip.PrefixFrom(m.guestAddr(s.idx), 30), Gateway: m.hostAddr(s.idx), DNS: m.gw}
-	switch s.kind {
-	case runtime.NetNamespace:
-		n.Netns = m.nsPath(s.id)
-	case runtime.NetTap:
-		n.Tap = m.linkName(s.idx)
+	n.Netns = m.nsPath(s.id)
+	if s.kind == runtime.NetTap {
+		n.Tap = TapName
 	}
 	return n
 }

@@ -190,6 +190,29 @@ func TestEgressPolicyInNamespaces(t *testing.T) {
 		}
 	})
 
+	t.Run("TapKind", func(t *testing.T) {
+		n, err := m.Attach(ctx, "sbx_c", runtime.NetTap, sandbox.Network{Egress: "public"}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Tap != TapName || n.Netns != m.nsPath("sbx_c") {
+			t.Fatalf("attachment %+v", n)
+		}
+		for _, l := range []string{"eth0", TapName} {
+			out, err := exec.Command("ip", "-n", m.nsName("sbx_c"), "-o", "link", "show", l).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "master br0") {
+				t.Errorf("%s is not on the bridge: %v %s", l, err, out)
+			}
+		}
+		out, _ := exec.Command("ip", "-n", m.nsName("sbx_c"), "-o", "-4", "addr", "show").CombinedOutput()
+		if strings.Contains(string(out), "eth0") || strings.Contains(string(out), "br0") {
+			t.Errorf("the namespace's side carries an address (the guest has it): %s", out)
+		}
+		if err := m.Detach(ctx, "sbx_c"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("Metrics", func(t *testing.T) {
 		for _, st := range m.NetStats() {
 			if st.SandboxID != "sbx_a" {

@@ -38,17 +38,19 @@ const (
 	// with the sandbox's address and default route; the runtime runs the
 	// sandbox inside it (gvisor's netstack takes the interface over).
 	NetNamespace NetKind = "netns"
-	// NetTap: a tap device on the host; the runtime attaches it to a
-	// virtual NIC and the guest configures its address (vm).
+	// NetTap: a network namespace holding a tap device (Tap) bridged to
+	// the host; the runtime runs its VMM inside the namespace with the tap
+	// as the virtual NIC's backend, and the guest configures its address
+	// (vm).
 	NetTap NetKind = "tap"
 )
 
 // Net is a sandbox's network attachment.
 type Net struct {
 	Kind NetKind
-	// Netns is the path of the network namespace (NetNamespace).
+	// Netns is the path of the sandbox's network namespace.
 	Netns string
-	// Tap is the name of the tap device (NetTap).
+	// Tap is the name of the tap device inside it (NetTap).
 	Tap string
 	// Address is the sandbox's address and prefix length, Gateway its
 	// default route and DNS its resolver (SPACE's own).

@@ -12,7 +12,8 @@
 // into the snapshot directory, fsync of RAM file and overlay, and QEMU's
 // exit; wake starts QEMU with -incoming defer over the same RAM file.
 // Acceleration is KVM where a probe boot shows it can run the guest, TCG
-// otherwise.
+// otherwise. A sandbox with a network runs its QEMU inside the sandbox's
+// network namespace, whose tap backs the virtio-net card.
 package vm
 
 import (
@@ -250,7 +251,12 @@ func (r *Runtime) startQEMU(ctx context.Context, spec runtime.Spec, incoming boo
 	cmd := exec.Command(r.cfg.QEMU, r.qemuArgs(spec, incoming)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if spec.Net != nil && spec.Net.Netns != "" {
+		// QEMU lives in the sandbox's network namespace, where its tap is.
+		start = func() error { return startInNetns(cmd, spec.Net.Netns) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
 	exited := make(chan struct{})
