@@ -127,6 +127,11 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		resolver, _ := s.sh(a.ID, "awk '/^nameserver/{print $2; exit}' /etc/resolv.conf")
 		gateway, _ := s.sh(a.ID, "ip route show default | awk '{print $3; exit}'")
 		bAddr, _ := s.sh(b.ID, "ip -4 -o addr show | awk '$2 != \"lo\" {split($4, a, \"/\"); print a[1]; exit}'")
+		bAddr = strings.TrimSpace(bAddr)
+		// A listener in the other sandbox, answering in its own namespace.
+		if out, code := s.sh(b.ID, "cd /tmp && echo "+nettest.HTTPBody+"other-sandbox > index.html && (nohup python3 -m http.server 8080 >/dev/null 2>&1 &) && sleep 1 && curl -sS -m 3 http://"+bAddr+":8080/"); code != 0 || !reachedUpstream(out) {
+			t.Fatalf("the other sandbox's listener does not answer in its own sandbox: %d %s", code, out)
+		}
 		_, apiPort, _ := net.SplitHostPort(s.apiAddr)
 		hostUplink := strings.TrimSuffix(up.Gateway.String(), ".2") + ".1"
 		targets := []string{
@@ -135,7 +140,7 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 			fmt.Sprintf("http://%s:%d/", hostUplink, port),                  // the host's uplink address
 			fmt.Sprintf("http://%s:%s/readyz", strings.TrimSpace(resolver), apiPort),
 			"http://" + up.Private.String() + "/", "http://" + up.Metadata.String() + "/",
-			"http://" + strings.TrimSpace(bAddr) + ":7/",
+			"http://" + bAddr + ":8080/",
 		}
 		if !strings.Contains(gateway, ".") {
 			t.Fatalf("no default route in the sandbox: %q", gateway)
@@ -168,6 +173,9 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		}
 		if out := curl(a.ID, "--resolve denied.example.test:443:"+pub2+" https://denied.example.test/"); reachedUpstream(out) {
 			t.Errorf("denied domain (SNI at a literal address): %s", out)
+		}
+		if out := curl(a.ID, "--resolve denied.example.test:80:"+pub2+" http://denied.example.test/"); reachedUpstream(out) || !strings.Contains(out, "blocked") {
+			t.Errorf("denied domain (HTTP Host at a literal address): %s", out)
 		}
 		if out := curl(a.ID, "https://other.example.test/"); !reachedUpstream(out) {
 			t.Errorf("a domain no rule names: %s", out)

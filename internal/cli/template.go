@@ -31,6 +31,9 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	if err != nil {
 		return err
 	}
+	if err := server.MakeDataDir(*dataDir); err != nil {
+		return err
+	}
 	store, err := templates.Open(filepath.Join(*dataDir, "templates"))
 	if err != nil {
 		return err

@@ -48,9 +48,24 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
-// ObserveRequest records one HTTP request.
+// ObserveRequest records one HTTP request. Every label takes a bounded set
+// of values whatever a client sends: an unknown method is "other", and so
+// is a status outside 100–599 (0 stays: nothing was written); routes are
+// the route table's patterns or "unmatched".
 func (m *Metrics) ObserveRequest(listener, route, method string, code int, d time.Duration) {
-	m.reqDuration.WithLabelValues(listener, route, method, strconv.Itoa(code)).Observe(d.Seconds())
+	status := "other"
+	if code == 0 || code >= 100 && code <= 599 {
+		status = strconv.Itoa(code)
+	}
+	m.reqDuration.WithLabelValues(listener, route, boundedMethod(method), status).Observe(d.Seconds())
+}
+
+func boundedMethod(m string) string {
+	switch m {
+	case "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE":
+		return m
+	}
+	return "other"
 }
 
 // OperationFinished records one lifecycle operation (lifecycle.Observer).

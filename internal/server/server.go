@@ -59,14 +59,27 @@ const (
 	AttachKeyFile = "attach.key"
 )
 
+// MakeDataDir makes the data directory private (0700), whoever made it and
+// however: it holds the database (sandbox env values in clear), keys and
+// tokens.
+func MakeDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("make data directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("make data directory private: %w", err)
+	}
+	return nil
+}
+
 // Run serves until ctx is cancelled, then shuts down gracefully. ready, when
 // non-nil, receives the bound addresses once both listeners accept.
 func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc, ready func(apiAddr, dataAddr net.Addr)) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("make data directory: %w", err)
+	if err := MakeDataDir(cfg.DataDir); err != nil {
+		return err
 	}
 	for _, d := range []string{SnapshotsDir, RuntimeDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {

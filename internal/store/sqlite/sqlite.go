@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -39,6 +40,16 @@ func Open(ctx context.Context, path string) (*Store, error) {
 			q.Add("_pragma", "query_only(1)")
 		}
 		return "file:" + path + "?" + q.Encode()
+	}
+	// The database holds sandbox env values: it (and the -wal and -shm
+	// files, which SQLite makes with the database's mode) is 0600.
+	if f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err == nil {
+		f.Close()
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("make %s private: %w", p, err)
+		}
 	}
 	w, err := sql.Open("sqlite", dsn(false))
 	if err != nil {

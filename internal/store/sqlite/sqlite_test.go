@@ -2,7 +2,9 @@ package sqlite_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/spacesandbox/space/internal/store"
@@ -32,4 +34,42 @@ func TestMigrationsAreIdempotent(t *testing.T) {
 		}
 		s.Close()
 	}
+}
+
+// The database holds sandbox env values in clear: it and its -wal and -shm
+// files are readable by their owner only, also when they existed with a
+// wider mode (issue #14, item 13).
+func TestFilesArePrivate(t *testing.T) {
+	old := syscall.Umask(0o022)
+	defer syscall.Umask(old)
+	path := filepath.Join(t.TempDir(), "space.db")
+	s, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ListTokens(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	check := func() {
+		t.Helper()
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s is %v, want 0600", filepath.Base(p), fi.Mode().Perm())
+			}
+		}
+	}
+	check()
+	s.Close()
+	os.Chmod(path, 0o644)
+	s, err = sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.ListTokens(context.Background())
+	check()
 }
