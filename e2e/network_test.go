@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -129,7 +128,7 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		bAddr, _ := s.sh(b.ID, "ip -4 -o addr show | awk '$2 != \"lo\" {split($4, a, \"/\"); print a[1]; exit}'")
 		bAddr = strings.TrimSpace(bAddr)
 		// A listener in the other sandbox, answering in its own namespace.
-		if out, code := s.sh(b.ID, "cd /tmp && echo "+nettest.HTTPBody+"other-sandbox > index.html && (nohup python3 -m http.server 8080 >/dev/null 2>&1 &) && sleep 1 && curl -sS -m 3 http://"+bAddr+":8080/"); code != 0 || !reachedUpstream(out) {
+		if out, code := s.sh(b.ID, "cd /tmp && echo "+nettest.HTTPBody+"other-sandbox > index.html && (nohup python3 -m http.server 8080 >/dev/null 2>&1 &) && for i in $(seq 100); do curl -sS -m 3 http://"+bAddr+":8080/ 2>/dev/null && exit 0; sleep 0.2; done; exit 1"); code != 0 || !reachedUpstream(out) {
 			t.Fatalf("the other sandbox's listener does not answer in its own sandbox: %d %s", code, out)
 		}
 		_, apiPort, _ := net.SplitHostPort(s.apiAddr)
@@ -304,24 +303,33 @@ while True:
     c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
 `
 	s.do("PUT", "/v1/sandboxes/"+a.ID+"/files?path=/tmp/echo.py", s.token, []byte(script))
-	if out, code := s.sh(a.ID, "(nohup python3 /tmp/echo.py >/dev/null 2>&1 &) && sleep 1"); code != 0 {
+	if out, code := s.sh(a.ID, "(nohup python3 /tmp/echo.py >/dev/null 2>&1 &)"); code != 0 {
 		t.Fatalf("start echo: %s", out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", s.dpAddr)
-	if err != nil {
-		t.Fatal(err)
+	// The server may take a moment to listen (TCG): retry the upgrade.
+	var c net.Conn
+	var br *bufio.Reader
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		c, err = net.DialTimeout("tcp", s.dpAddr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Space-Ingress-Token: %s\r\n\r\n", a.ID, s.dpAddr, a.Network.IngressToken)
+		br = bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err == nil && resp.StatusCode == 101 {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("upgrade: %v %+v", err, resp)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(c, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Space-Ingress-Token: %s\r\n\r\n", a.ID, s.dpAddr, a.Network.IngressToken)
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil || resp.StatusCode != 101 {
-		t.Fatalf("upgrade: %v %+v", err, resp)
-	}
 	for _, msg := range []string{"ping-1", "ping-2"} {
 		io.WriteString(c, msg)
 		buf := make([]byte, len(msg))
