@@ -256,6 +256,49 @@ func TestSandboxCapacity(t *testing.T) {
 	s.createRunning()
 }
 
+// A refusal that depends on the moment is not stored under the key: the
+// client that retries with the same key, as it is told to, gets through once
+// the moment passes (#14 item 7).
+func TestIdempotencyKeepsOnlyFinalOutcomes(t *testing.T) {
+	s := startServer(t, serverOpts{args: []string{"--runtime", "fake", "--max-sandboxes", "1"}})
+	a := s.createRunning()
+	expectError(t, s.do("POST", "/v1/sandboxes", s.token, []byte(`{}`), "Idempotency-Key: full-1"), 429, "resource_exhausted")
+	op, _, err := s.client().Lifecycle(context.Background(), "delete", a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.waitOp(op.ID)
+	r := s.do("POST", "/v1/sandboxes", s.token, []byte(`{}`), "Idempotency-Key: full-1")
+	if r.status != 202 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the limit cleared = %d %s %v, want a fresh 202", r.status, r.body, r.header)
+	}
+	// Now final: replayed.
+	again := s.do("POST", "/v1/sandboxes", s.token, []byte(`{}`), "Idempotency-Key: full-1")
+	if again.status != 202 || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, r.body) {
+		t.Fatalf("replay = %d %s", again.status, again.body)
+	}
+	var created client.CreateSandboxResponse
+	r.json(t, &created)
+	s.waitOp(created.Operation.ID)
+	id := created.Sandbox.ID
+	// 409 for a state that does not allow it (pause a suspended sandbox),
+	// then the state changes and the same request with the same key runs.
+	lifecycle := func(verb string) {
+		op, _, err := s.client().Lifecycle(context.Background(), verb, id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.waitOp(op.ID)
+	}
+	lifecycle("suspend")
+	expectError(t, s.do("POST", "/v1/sandboxes/"+id+":pause", s.token, nil, "Idempotency-Key: pause-1"), 409, "failed_precondition")
+	lifecycle("wake")
+	w := s.do("POST", "/v1/sandboxes/"+id+":pause", s.token, nil, "Idempotency-Key: pause-1")
+	if w.status != 202 || w.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("pause after wake with the refused key = %d %s, want a fresh 202", w.status, w.body)
+	}
+}
+
 // FAKE runtime with a slow step, to hold an operation in flight.
 func TestOneOperationInFlightFakeSlowRuntime(t *testing.T) {
 	s := startServer(t, serverOpts{env: []string{"SPACE_FAKE_DELAY=400ms"}})

@@ -152,8 +152,10 @@ func (m *idempotency) run(ctx context.Context, key string, handler func(*idem) (
 	}
 	if err != nil {
 		status, body := errorResponse(err)
-		if status >= 500 {
-			// Nothing was changed, or we cannot tell: let a retry run again.
+		if !finalError(status) {
+			// Nothing was changed (the refusal depends on the moment: a
+			// limit, an operation in flight, the sandbox's state), or we
+			// cannot tell (5xx): let a retry with this key run again.
 			if rerr := m.store.ReleaseIdempotencyKey(bg, key); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
@@ -166,6 +168,21 @@ func (m *idempotency) run(ctx context.Context, key string, handler func(*idem) (
 		return response{}, false, cerr
 	}
 	return resp, false, nil
+}
+
+// finalError reports whether an error answer is a final outcome, stored
+// under the key and replayed: only a refusal of the request itself (bad
+// input, too large, not found, not allowed) is. Answers that depend on the
+// moment — 409 (an operation in flight, a state that does not allow it),
+// 429/507 (a limit), 5xx — are not stored, so a client that retries with the
+// same key, as it is told to, gets a fresh answer once the moment passes.
+func finalError(status int) bool {
+	switch status {
+	case http.StatusBadRequest, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed,
+		http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
 }
 
 // wait blocks until the in-flight request holding key finishes (in this
