@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -42,7 +43,11 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 
 func startAgentOnHost(t *testing.T) (*agentclient.Client, string) {
 	t.Helper()
-	root := t.TempDir()
+	return startAgentAt(t, t.TempDir())
+}
+
+func startAgentAt(t *testing.T, root string) (*agentclient.Client, string) {
+	t.Helper()
 	a, err := agent.New(agent.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
@@ -355,6 +360,49 @@ func TestAgentOnHostFiles(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(root, "a/b/.*"))
 	if len(left) != 0 {
 		t.Fatalf("temporary files left: %v", left)
+	}
+}
+
+// A file whose size is not known up front (/proc: stat says 0) is read to
+// its end, in one chunk or many; a FIFO or a device is refused at once, not
+// waited on or read forever (#14 item 9).
+func TestAgentOnHostFilesOfUnknownSize(t *testing.T) {
+	c, _ := startAgentAt(t, "/")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	want, err := os.ReadFile("/proc/self/status")
+	if err != nil || len(want) < 200 {
+		t.Skipf("no /proc/self/status here: %v", err)
+	}
+	for _, chunk := range []int{1 << 20, 64} {
+		f, err := c.OpenFile(ctx, "/proc/self/status", chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(f)
+		if err != nil {
+			t.Fatalf("chunk %d: %v", chunk, err)
+		}
+		// The agent is this process: the same fields, values may move.
+		if len(got) == 0 || !bytes.HasPrefix(got, []byte("Name:")) || bytes.Count(got, []byte("\n")) != bytes.Count(want, []byte("\n")) {
+			t.Fatalf("chunk %d: read %d bytes %q, want about %d", chunk, len(got), got, len(want))
+		}
+		if chunk == 64 && f.Size != -1 {
+			t.Fatalf("size of a size-less file read in chunks = %d, want -1 (unknown)", f.Size)
+		}
+		if chunk > len(want) && f.Size != int64(len(got)) {
+			t.Fatalf("size of a size-less file read at once = %d, want %d", f.Size, len(got))
+		}
+	}
+	dir := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var pe *proto.Error
+	for _, p := range []string{filepath.Join(dir, "fifo"), "/dev/zero"} {
+		if _, err := c.OpenFile(ctx, p, 1<<20); !errors.As(err, &pe) || pe.Code != proto.CodeFailedPrecondition {
+			t.Fatalf("read %s = %v, want failed_precondition", p, err)
+		}
 	}
 }
 

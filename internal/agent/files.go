@@ -111,6 +111,22 @@ func fileError(op, p string, err error) error {
 		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: is a directory", op, p)
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return proto.Errorf(proto.CodeResourceExhausted, "%s %s: no space left", op, p)
+	case errors.Is(err, syscall.EROFS):
+		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: read-only file system", op, p)
+	case errors.Is(err, syscall.EBUSY):
+		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: busy (a mount point, or in use)", op, p)
+	case errors.Is(err, syscall.ETXTBSY):
+		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: a running program's file", op, p)
+	case errors.Is(err, syscall.EXDEV):
+		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: source and destination are on different file systems", op, p)
+	case errors.Is(err, syscall.ELOOP):
+		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: too many levels of symbolic links", op, p)
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return proto.Errorf(proto.CodeInvalidArgument, "%s %s: name too long", op, p)
+	case errors.Is(err, syscall.EFBIG):
+		return proto.Errorf(proto.CodeResourceExhausted, "%s %s: file too large", op, p)
+	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE), errors.Is(err, syscall.EMLINK):
+		return proto.Errorf(proto.CodeResourceExhausted, "%s %s: too many open files or links", op, p)
 	case strings.Contains(err.Error(), "escapes from parent") || strings.Contains(err.Error(), "path escapes"):
 		return proto.Errorf(proto.CodePermissionDenied, "%s %s: path leaves the sandbox root", op, p)
 	}
@@ -375,7 +391,9 @@ func (a *Agent) readFile(p proto.ReadFileRequest) (any, []byte, error) {
 	if p.Length == 0 || p.Length > proto.MaxBlob {
 		p.Length = proto.MaxBlob
 	}
-	f, err := a.fs.OpenFile(name, os.O_RDONLY, 0)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused
+	// below); it changes nothing for a regular file.
+	f, err := a.fs.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, nil, fileError("read", name, err)
 	}
@@ -387,12 +405,19 @@ func (a *Agent) readFile(p proto.ReadFileRequest) (any, []byte, error) {
 	if fi.IsDir() {
 		return nil, nil, proto.Errorf(proto.CodeFailedPrecondition, "read %s: is a directory", name)
 	}
+	if !fi.Mode().IsRegular() {
+		// A device, FIFO or socket has no end (/dev/zero) or blocks.
+		return nil, nil, proto.Errorf(proto.CodeFailedPrecondition, "read %s: not a regular file", name)
+	}
 	buf := make([]byte, p.Length)
 	n, err := f.ReadAt(buf, p.Offset)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, nil, fileError("read", name, err)
 	}
-	return proto.ReadFileResult{Size: fi.Size(), EOF: errors.Is(err, io.EOF) || p.Offset+int64(n) >= fi.Size()}, buf[:n], nil
+	// A file whose size is not known up front (/proc, /sys: size 0 or a
+	// page) ends where a read comes up short, not at its stated size.
+	eof := errors.Is(err, io.EOF) || (fi.Size() > 0 && p.Offset+int64(n) >= fi.Size())
+	return proto.ReadFileResult{Size: fi.Size(), EOF: eof}, buf[:n], nil
 }
 
 func randomSuffix() string {

@@ -372,9 +372,11 @@ func (c *Client) Move(ctx context.Context, from, to string) (proto.Entry, error)
 	return e, err
 }
 
-// FileReader streams a sandbox file in chunks; it yields exactly Size bytes
-// (the size when it was opened), even if the file changes meanwhile, and
-// fails rather than end short.
+// FileReader streams a sandbox file in chunks. A file with a size yields
+// exactly Size bytes (the size when it was opened), even if the file changes
+// meanwhile, and fails rather than end short. A file whose size is not known
+// up front (/proc/self/mounts: stat says 0) has Size -1 and is read until
+// its end.
 type FileReader struct {
 	Size  int64
 	c     *Client
@@ -392,30 +394,44 @@ func (c *Client) OpenFile(ctx context.Context, path string, chunk int) (*FileRea
 	if err != nil {
 		return nil, err
 	}
-	if int64(len(data)) > res.Size {
-		data = data[:res.Size]
+	size := res.Size
+	switch {
+	case res.Size > 0 && int64(len(data)) > res.Size:
+		data = data[:res.Size] // it grew since it was opened
+	case res.EOF && int64(len(data)) < res.Size && res.Size <= int64(chunk):
+		size = int64(len(data)) // a page-sized /sys file with less in it
+	case res.EOF && res.Size == 0:
+		size = int64(len(data)) // all of a size-less file in one chunk
+	case res.Size == 0:
+		size = -1 // size-less, longer than a chunk: read to its end
 	}
-	return &FileReader{Size: res.Size, c: c, ctx: ctx, path: path, buf: data, eof: res.EOF, chunk: chunk}, nil
+	return &FileReader{Size: size, c: c, ctx: ctx, path: path, buf: data, eof: res.EOF, chunk: chunk}, nil
 }
 
 func (f *FileReader) Read(p []byte) (int, error) {
-	if f.sent >= f.Size {
+	if f.Size >= 0 && f.sent >= f.Size {
 		return 0, io.EOF
 	}
 	if len(f.buf) == 0 {
 		if f.eof {
+			if f.Size < 0 {
+				return 0, io.EOF
+			}
 			return 0, fmt.Errorf("read %s: the file shrank while it was read", f.path)
 		}
 		res, data, err := f.c.ReadFile(f.ctx, f.path, f.sent, f.chunk)
 		if err != nil {
 			return 0, err
 		}
-		if len(data) == 0 {
+		if len(data) == 0 && (f.Size >= 0 || !res.EOF) {
 			return 0, fmt.Errorf("read %s: the file shrank while it was read", f.path)
 		}
 		f.buf, f.eof = data, res.EOF
+		if len(data) == 0 {
+			return 0, io.EOF
+		}
 	}
-	if rest := f.Size - f.sent; int64(len(f.buf)) > rest {
+	if rest := f.Size - f.sent; f.Size >= 0 && int64(len(f.buf)) > rest {
 		f.buf = f.buf[:rest]
 	}
 	n := copy(p, f.buf)

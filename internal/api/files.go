@@ -79,14 +79,16 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(f.Size, 10))
+	if f.Size >= 0 { // else chunked: a /proc file's size is known at its end
+		w.Header().Set("Content-Length", strconv.FormatInt(f.Size, 10))
+	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
 	}
 	// Streamed in chunks: the server never holds more than one in memory.
-	if n, err := io.Copy(w, f); err != nil && n < f.Size {
+	if n, err := io.Copy(w, f); err != nil {
 		s.log.Warn("file read ended early", "sandbox_id", p["id"], "path", name, "sent", n, "size", f.Size, "err", err)
 		panic(http.ErrAbortHandler) // the client sees a truncated body, never a short "success"
 	}

@@ -6,8 +6,11 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -37,6 +40,8 @@ type Config struct {
 	Templates TemplateLister
 	// Builder builds and imports templates (nil: not offered).
 	Builder TemplateBuilder
+	// DataDir, when set, must take writes for /readyz to say ready.
+	DataDir string
 }
 
 // TemplateLister is what the API needs of the template store.
@@ -57,12 +62,13 @@ type Server struct {
 	router    *router
 	templates TemplateLister
 	builder   TemplateBuilder
+	dataDir   string
 }
 
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
-		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder}
+		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir}
 	s.router = newRouter(s.Routes())
 	return s
 }
@@ -193,6 +199,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) {
 		defer cancel()
 		_, err = s.store.ListSandboxes(ctx, store.SandboxQuery{Limit: 1})
 	}
+	if err == nil && s.dataDir != "" {
+		err = probeWritable(s.dataDir)
+	}
 	if err != nil {
 		writeJSON(w, r, s.log, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": err.Error()})
 		return
@@ -200,6 +209,24 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) {
 	names, def := s.engine.Runtimes()
 	writeJSON(w, r, s.log, http.StatusOK, map[string]any{"status": "ready", "runtimes": names, "default_runtime": def,
 		"runtime_details": s.engine.RuntimeDetails()})
+}
+
+// probeWritable writes and removes a small file in dir: a data directory
+// that is full or read-only makes the server not ready.
+func probeWritable(dir string) error {
+	p := filepath.Join(dir, ".ready-probe")
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		_, err = f.Write(make([]byte, 4096))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		os.Remove(p)
+	}
+	if err != nil {
+		return fmt.Errorf("data directory %s cannot take writes: %w", dir, err)
+	}
+	return nil
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, p params) {

@@ -214,10 +214,12 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(name)}))
-	h.Set("Content-Length", strconv.FormatInt(f.Size, 10))
+	if f.Size >= 0 { // else chunked: a /proc file's size is known at its end
+		h.Set("Content-Length", strconv.FormatInt(f.Size, 10))
+	}
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	if n, err := io.Copy(w, f); err != nil && n < f.Size {
+	if n, err := io.Copy(w, f); err != nil {
 		s.log.Warn("E2B file read ended early", "sandbox_id", sc.sb.ID, "path", name, "sent", n, "size", f.Size, "err", err)
 		panic(http.ErrAbortHandler)
 	}

@@ -7,6 +7,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // Kind is a class of failure with one API code and HTTP status.
@@ -29,8 +30,11 @@ var (
 	TooLarge             = &Kind{"payload_too_large", 413}
 	IdempotencyKeyReused = &Kind{"idempotency_key_reused", 422}
 	ResourceExhausted    = &Kind{"resource_exhausted", 429}
-	Internal             = &Kind{"internal", 500}
-	Unavailable          = &Kind{"unavailable", 503}
+	// InsufficientStorage is resource_exhausted of the server's own storage
+	// (its data directory is full): 507, not a client's limit.
+	InsufficientStorage = &Kind{"resource_exhausted", 507}
+	Internal            = &Kind{"internal", 500}
+	Unavailable         = &Kind{"unavailable", 503}
 )
 
 // Error is an error of a kind with a client-safe message and optional details.
@@ -80,7 +84,23 @@ func KindOf(err error) *Kind {
 	if errors.As(err, &k) {
 		return k
 	}
+	if k, _ := hostKind(err); k != nil {
+		return k
+	}
 	return Internal
+}
+
+// hostKind classifies the failures of the server's own storage that are
+// expected in operation (a full or read-only data directory) so that they
+// reach the client as what they are, not as 500 internal.
+func hostKind(err error) (*Kind, string) {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return InsufficientStorage, "the server's storage is full"
+	case errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EIO):
+		return Unavailable, "the server's storage cannot take writes"
+	}
+	return nil, ""
 }
 
 // Public returns the client-safe message and details of err. Errors without a
@@ -93,6 +113,9 @@ func Public(err error) (kind *Kind, message string, details map[string]any) {
 	var k *Kind
 	if errors.As(err, &k) {
 		return k, k.Code, nil
+	}
+	if k, msg := hostKind(err); k != nil {
+		return k, msg, nil
 	}
 	return Internal, "internal error", nil
 }

@@ -189,7 +189,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		dataURL = scheme + "://" + dataLn.Addr().String()
 	}
 	cmds := commands.New(commands.Config{Agents: eng, Signer: signer, DataPlaneURL: dataURL, TokenTTL: cfg.AttachTokenTTL, Logger: log})
-	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID}
+	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID, DataDir: cfg.DataDir}
 	if h.TemplateStore != nil {
 		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}

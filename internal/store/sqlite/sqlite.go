@@ -120,12 +120,28 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	}
 	if err := fn(tx); err != nil {
 		tx.Rollback()
-		return err
+		return storageError(err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return storageError(fmt.Errorf("commit: %w", err))
 	}
 	return nil
+}
+
+// storageError gives SQLite's "disk full" and "read-only / I/O error" the
+// kinds a full or failing data directory has (507, 503), not 500.
+func storageError(err error) error {
+	var e interface{ Code() int }
+	if !errors.As(err, &e) {
+		return err
+	}
+	switch e.Code() & 0xff {
+	case 13: // SQLITE_FULL
+		return errdefs.Wrap(errdefs.InsufficientStorage, err, "the server's storage is full")
+	case 8, 10: // SQLITE_READONLY, SQLITE_IOERR
+		return errdefs.Wrap(errdefs.Unavailable, err, "the server's storage cannot take writes")
+	}
+	return err
 }
 
 // --- sandboxes and operations ---
