@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -34,4 +35,32 @@ func TestDataDirIsPrivate(t *testing.T) {
 			t.Errorf("%s is %v, want no access for group and others", f, fi.Mode().Perm())
 		}
 	}
+}
+
+// One process owns a data directory (#14 item 14): a second server on it
+// stops at once naming the owner; a template build is refused while a
+// server runs there; listing beside it leaves its unfinished builds alone.
+func TestOneOwnerPerDataDir(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	out, err := exec.Command(spaceFakeBin, "serve", "--runtime", "fake", "--data-dir", s.dataDir,
+		"--api-addr", "127.0.0.1:0", "--data-plane-addr", "127.0.0.1:0", "--ecw-addr", "").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "owned by process") {
+		t.Fatalf("second server on the same data dir: %v\n%s", err, out)
+	}
+	inProgress := filepath.Join(s.dataDir, "templates", "tmp", "build-in-progress")
+	if err := os.MkdirAll(inProgress, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(spaceFakeBin, "template", "list", "--data-dir", s.dataDir).CombinedOutput(); err != nil {
+		t.Fatalf("template list beside a server: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(inProgress); err != nil {
+		t.Fatalf("template list removed the server's build in progress: %v", err)
+	}
+	out, err = exec.Command(spaceFakeBin, "template", "build", "test", "--data-dir", s.dataDir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "owned by process") {
+		t.Fatalf("template build beside a server: %v\n%s", err, out)
+	}
+	// The server is unharmed.
+	s.createRunning()
 }

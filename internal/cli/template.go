@@ -34,7 +34,26 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	if err := server.MakeDataDir(*dataDir); err != nil {
 		return err
 	}
-	store, err := templates.Open(filepath.Join(*dataDir, "templates"))
+	// One owner per data directory. While a server (or another build) owns
+	// it, reading, tagging and gc go ahead without disturbing its work (its
+	// unfinished builds are kept); a build waits for it to stop — or goes
+	// through its API (POST /v1/templates).
+	open := templates.Open
+	lock, err := server.LockDataDir(*dataDir)
+	switch {
+	case errors.Is(err, server.ErrDataDirInUse):
+		switch args[0] {
+		case "list", "ls", "inspect", "tag", "rm", "gc":
+			open = templates.OpenShared
+		default:
+			return fmt.Errorf("space template %s: %w; stop the server first, or build and import through its API (POST /v1/templates)", args[0], err)
+		}
+	case err != nil:
+		return err
+	default:
+		defer lock.Release()
+	}
+	store, err := open(filepath.Join(*dataDir, "templates"))
 	if err != nil {
 		return err
 	}

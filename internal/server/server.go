@@ -59,19 +59,6 @@ const (
 	AttachKeyFile = "attach.key"
 )
 
-// MakeDataDir makes the data directory private (0700), whoever made it and
-// however: it holds the database (sandbox env values in clear), keys and
-// tokens.
-func MakeDataDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("make data directory: %w", err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("make data directory private: %w", err)
-	}
-	return nil
-}
-
 // Run serves until ctx is cancelled, then shuts down gracefully. ready, when
 // non-nil, receives the bound addresses once both listeners accept.
 func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc, ready func(apiAddr, dataAddr net.Addr)) error {
@@ -81,6 +68,11 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	if err := MakeDataDir(cfg.DataDir); err != nil {
 		return err
 	}
+	lock, err := LockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	for _, d := range []string{SnapshotsDir, RuntimeDir} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o700); err != nil {
 			return fmt.Errorf("make %s directory: %w", d, err)

@@ -83,7 +83,15 @@ func ParseRef(ref string) (name, tag string, err error) {
 	return name, tag, nil
 }
 
-// Open opens (creating) a store and discards unfinished builds.
+// OpenShared opens a store that another process owns (a running server)
+// without disturbing it: an unfinished build there is that process's work in
+// progress, not a leftover. Reading and tagging are safe; building is not.
+func OpenShared(dir string) (*Store, error) {
+	return &Store{dir: dir}, nil // its owner made (or will make) it
+}
+
+// Open opens (creating) a store and discards unfinished builds. Only the
+// owner of the data directory may: see OpenShared.
 func Open(dir string) (*Store, error) {
 	for _, d := range []string{"blobs", "tags", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -165,6 +173,9 @@ func (s *Store) meta(digest string) (meta, error) {
 func (s *Store) List(ctx context.Context) ([]Template, error) {
 	var out []Template
 	names, err := os.ReadDir(filepath.Join(s.dir, "tags"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // a shared store its owner has not made
+	}
 	if err != nil {
 		return nil, err
 	}
