@@ -239,6 +239,27 @@ func TestECWEnvdContract(t *testing.T) {
 	if r := s.ecwDo("GET", "/files?path=/deep/er/f.txt", nil, withTok...); string(r.body) != "deep" {
 		t.Fatalf("read back = %d %s", r.status, r.body)
 	}
+	// As envd (#14 item 11): ?path= wins over a part's file name, whatever
+	// that says; two files for one path in one upload are refused.
+	multi := func(names ...string) ([]byte, string) {
+		var b bytes.Buffer
+		mw := multipart.NewWriter(&b)
+		for _, n := range names {
+			pw, _ := mw.CreatePart(map[string][]string{"Content-Disposition": {`form-data; name="file"; filename="` + n + `"`}})
+			pw.Write([]byte("from " + n))
+		}
+		mw.Close()
+		return b.Bytes(), "Content-Type: " + mw.FormDataContentType()
+	}
+	body, ct := multi("../../etc/evil")
+	if r := s.ecwDo("POST", "/files?path=/tmp/chosen.txt", body, append(withTok, ct)...); r.status != 200 || !strings.Contains(string(r.body), `"path":"/tmp/chosen.txt"`) {
+		t.Fatalf("upload with ?path= and a hostile file name = %d %s", r.status, r.body)
+	}
+	if r := s.ecwDo("GET", "/files?path=/etc/evil", nil, withTok...); r.status != 404 {
+		t.Fatalf("the part's file name was used: %d %s", r.status, r.body)
+	}
+	body, ct = multi("/tmp/twice", "/tmp/../tmp/twice")
+	expectE2BError(t, s.ecwDo("POST", "/files", body, append(withTok, ct)...), 400)
 
 	// Connect RPC: unary errors are Connect JSON errors with HTTP statuses.
 	rpc := append(withTok, "Content-Type: application/json")

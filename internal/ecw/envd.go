@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"path"
 	"strconv"
+	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -300,9 +301,16 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) 
 				part.Close()
 				continue
 			}
-			dest := dp["filename"]
+			// As envd: the request's ?path= decides; a part's file name
+			// (E2B puts the full destination there) only when there is none.
+			dest := query
 			if dest == "" {
-				dest = query
+				dest = dp["filename"]
+			}
+			if name, err := resolvePath(ctx, sc, dest); err == nil && slices.ContainsFunc(out, func(e entryInfo) bool { return e.Path == name }) {
+				part.Close()
+				s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "two files for the same path %s in one upload", name))
+				return
 			}
 			e, err := write(dest, part)
 			part.Close()
