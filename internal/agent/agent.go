@@ -35,7 +35,13 @@ type Config struct {
 	// and MaxExited how many at most.
 	KeepExited time.Duration
 	MaxExited  int
-	Logger     *slog.Logger
+	// MaxPending caps command sessions created but not yet started (no
+	// client attached); default 1024. Beyond it a create is refused. One
+	// nobody attached to for KeepPending (default 24 h, the attachment
+	// token's default life) is forgotten.
+	MaxPending  int
+	KeepPending time.Duration
+	Logger      *slog.Logger
 }
 
 // Agent serves one sandbox.
@@ -61,6 +67,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.KeepExited < 15*time.Minute {
 		cfg.KeepExited = 15 * time.Minute
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = 1024
+	}
+	if cfg.KeepPending <= 0 {
+		cfg.KeepPending = 24 * time.Hour
 	}
 	if cfg.MaxExited <= 0 {
 		cfg.MaxExited = 1024
@@ -288,6 +300,19 @@ func (a *Agent) create(spec proto.ProcessSpec) (proto.Process, error) {
 		// Creating the same session again (a host retry) is harmless.
 		return p.status(), nil
 	}
+	pending, now := 0, time.Now()
+	for id, q := range a.procs {
+		if q.pending() {
+			if now.Sub(q.createdAt) > a.cfg.KeepPending {
+				delete(a.procs, id) // never attached to: abandoned
+				continue
+			}
+			pending++
+		}
+	}
+	if pending >= a.cfg.MaxPending {
+		return proto.Process{}, proto.Errorf(proto.CodeResourceExhausted, "%d command sessions are waiting for a client to attach; attach to them (or let them go) before creating more", pending)
+	}
 	p := &process{spec: spec, out: newRing(a.cfg.RingBytes, 5*time.Second), state: proto.ProcPending, createdAt: time.Now().UTC()}
 	a.procs[spec.ID] = p
 	return p.status(), nil
@@ -333,6 +358,10 @@ func (a *Agent) forgetOld() {
 	now := time.Now()
 	for id, p := range a.procs {
 		st := p.status()
+		if st.State == proto.ProcPending && now.Sub(st.CreatedAt) > a.cfg.KeepPending {
+			delete(a.procs, id) // never attached to: abandoned
+			continue
+		}
 		if st.State != proto.ProcExited || st.ExitedAt == nil {
 			continue
 		}

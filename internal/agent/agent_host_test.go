@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -451,5 +452,43 @@ func TestAgentOnHostVersionMismatch(t *testing.T) {
 	}
 	if err := <-errc; err == nil {
 		t.Fatal("agent accepted a host with no common version")
+	}
+}
+
+// Command sessions nobody attached to are capped (#14 item 15): beyond the
+// cap a create is resource_exhausted; starting one frees its place.
+func TestAgentOnHostPendingSessionsAreCapped(t *testing.T) {
+	root := t.TempDir()
+	a, err := agent.New(agent.Config{Root: root, MaxPending: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostSide, agentSide := socketPair(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.Serve(ctx, agentSide); close(done) }()
+	c, err := agentclient.Dial(ctx, hostSide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); cancel(); <-done; a.Close() })
+	for i := 0; i < 3; i++ {
+		if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: fmt.Sprintf("p%d", i), Argv: []string{"true"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var pe *proto.Error
+	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: "p3", Argv: []string{"true"}}); !errors.As(err, &pe) || pe.Code != proto.CodeResourceExhausted {
+		t.Fatalf("fourth pending session = %v, want resource_exhausted", err)
+	}
+	// The same session again is a retry, not a new one.
+	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: "p0", Argv: []string{"true"}}); err != nil {
+		t.Fatalf("retry of a pending session = %v", err)
+	}
+	if _, err := c.StartProcess(ctx, "p0"); err != nil { // a client attached
+		t.Fatal(err)
+	}
+	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: "p3", Argv: []string{"true"}}); err != nil {
+		t.Fatalf("after one started: %v", err)
 	}
 }

@@ -38,6 +38,13 @@ type process struct {
 	timedOut  bool
 }
 
+// pending reports whether the process waits for its first reader.
+func (p *process) pending() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state == proto.ProcPending
+}
+
 func (p *process) status() proto.Process {
 	p.mu.Lock()
 	defer p.mu.Unlock()
