@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,8 @@ func TestRealRuntimes(t *testing.T) {
 		{"DeleteLeavesNothing", testDeleteLeavesNothing},
 		{"PathsStayInsideAndSandboxesIndependent", testPathsStayInside},
 		{"BenchQuick", testBenchQuick},
+		{"DeadSandboxIsFailed", testDeadSandboxIsFailed},
+		{"KilledDuringSuspendAndWake", testKilledDuringSuspendAndWake},
 	}
 	for _, rt := range realRuntimes(t) {
 		t.Run(rt, func(t *testing.T) {
@@ -143,6 +146,7 @@ func testServerKilledSandboxesSurvive(t *testing.T, rt string) {
 
 // After delete nothing of the sandbox is left on the host.
 func testDeleteLeavesNothing(t *testing.T, rt string) {
+	runBefore, _ := filepath.Glob("/run/space-*")
 	s := startRuntimeServer(t, rt)
 	for _, final := range []string{"running", "paused", "suspended"} {
 		sbx := s.createRunning()
@@ -181,6 +185,18 @@ func testDeleteLeavesNothing(t *testing.T, rt string) {
 			t.Fatalf("%s: files remain: %v", final, left)
 		}
 	}
+	// With no sandbox left, a graceful stop leaves no mount under the data
+	// directory and no directory under /run (#14 item 12).
+	s.stop()
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(b, []byte(s.dataDir)) {
+		t.Fatalf("a mount under the data directory remains after a graceful stop:\n%s", b)
+	}
+	runAfter, _ := filepath.Glob("/run/space-*")
+	for _, d := range runAfter {
+		if !slices.Contains(runBefore, d) {
+			t.Fatalf("%s remains after a graceful stop", d)
+		}
+	}
 }
 
 // Paths and symlinks inside a gVisor sandbox resolve inside it: a symlink
@@ -213,6 +229,28 @@ func testPathsStayInside(t *testing.T, rt string) {
 	if _, err := os.Stat("/space-e2e-escape"); err == nil {
 		os.Remove("/space-e2e-escape")
 		t.Fatal("a write escaped to the host's root")
+	}
+	// Files whose size is not known up front are read whole (#14 item 9);
+	// a device is refused, not read forever.
+	if r := s.do("GET", base+"?path=/proc/self/mounts", s.token, nil); r.status != 200 || !bytes.Contains(r.body, []byte(" / ")) {
+		t.Fatalf("read /proc/self/mounts = %d %q", r.status, r.body)
+	}
+	expectError(t, s.do("GET", base+"?path=/dev/zero", s.token, nil), 409, "failed_precondition")
+	// Nothing the sandbox writes lands on the host outside its disk: the
+	// agent's channel directory is not writable, from inside or through
+	// the files API (#14 item 1).
+	if rt == "gvisor" {
+		res, _ := s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "echo x > /.space/run/planted || exit 3; dd if=/dev/zero of=/.space/run/big bs=1M count=8"}})
+		if res.exitCode == nil || *res.exitCode != 3 {
+			t.Fatalf("writing into /.space/run from inside: exit %v %s %s, want refused", res.exitCode, res.stdout, res.stderr)
+		}
+		expectError(t, s.do("PUT", base+"?path=/.space/run/planted", s.token, []byte("x")), 409, "failed_precondition")
+		left, _ := filepath.Glob(filepath.Join("/run/space-*", sbx, "*"))
+		for _, f := range left {
+			if filepath.Base(f) != "agent.sock" {
+				t.Fatalf("the sandbox wrote %s on the host", f)
+			}
+		}
 	}
 	// Two sandboxes are independent and have their own hostnames.
 	other := s.createRunning()

@@ -161,6 +161,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	for _, r := range cfg.Runtimes {
 		e.runtimes[r.Name()] = r
+		if er, ok := r.(runtime.ExitReporter); ok {
+			er.OnExit(e.sandboxExited)
+		}
 	}
 	e.life, e.cancel = context.WithCancel(context.Background())
 	return e, nil
@@ -210,6 +213,13 @@ func (e *Engine) Close() {
 	e.cancel()
 	e.wg.Wait()
 	e.loops.Wait()
+	// Runtimes release what they hold on the host for no sandbox (their
+	// sandboxes keep running without the server).
+	for _, rt := range e.runtimes {
+		if c, ok := rt.(interface{ Close() }); ok {
+			c.Close()
+		}
+	}
 }
 
 // Drain waits up to d for operations in flight to finish on their own.

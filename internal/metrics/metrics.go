@@ -21,6 +21,7 @@ type Metrics struct {
 	reg         *prometheus.Registry
 	reqDuration *prometheus.HistogramVec
 	opDuration  *prometheus.HistogramVec
+	failures    *prometheus.CounterVec
 }
 
 // New registers SPACE's metrics on a fresh registry.
@@ -37,8 +38,12 @@ func New() *Metrics {
 			Help:    "Latency of lifecycle operations from start of execution to outcome, by kind and outcome.",
 			Buckets: []float64{.001, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 		}, []string{"kind", "outcome"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_sandbox_failures_total",
+			Help: "Sandboxes whose processes ended on their own, by runtime and reason (out_of_memory, killed).",
+		}, []string{"runtime", "reason"}),
 	}
-	m.reg.MustRegister(m.reqDuration, m.opDuration,
+	m.reg.MustRegister(m.reqDuration, m.opDuration, m.failures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -71,6 +76,12 @@ func boundedMethod(m string) string {
 // OperationFinished records one lifecycle operation (lifecycle.Observer).
 func (m *Metrics) OperationFinished(kind sandbox.OpKind, state sandbox.OpState, d time.Duration) {
 	m.opDuration.WithLabelValues(string(kind), string(state)).Observe(d.Seconds())
+}
+
+// SandboxFailed counts a sandbox that failed on its own
+// (lifecycle.FailureObserver).
+func (m *Metrics) SandboxFailed(runtime, reason string) {
+	m.failures.WithLabelValues(runtime, reason).Inc()
 }
 
 // Register adds further collectors (for example gauges owned by other

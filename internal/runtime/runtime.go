@@ -132,6 +132,27 @@ type Runtime interface {
 	Agent(ctx context.Context, spec Spec) (*agentclient.Client, error)
 }
 
+// Exit is a sandbox's processes ending on their own — not by a lifecycle
+// call of the engine.
+type Exit struct {
+	SandboxID string
+	// Reason is ExitOutOfMemory or ExitKilled.
+	Reason  string
+	Message string
+}
+
+// The reasons a sandbox's processes end unexpectedly.
+const (
+	ExitOutOfMemory = "out_of_memory" // its memory limit was reached
+	ExitKilled      = "killed"        // killed from outside, or crashed
+)
+
+// ExitReporter is implemented by runtimes that notice at once when a
+// sandbox's processes end unexpectedly; the engine marks it failed.
+type ExitReporter interface {
+	OnExit(func(Exit))
+}
+
 // StatusOf maps a sandbox state at rest to the status a runtime should
 // observe for it ("" for states that are not at rest).
 func StatusOf(s sandbox.State) Status {

@@ -75,7 +75,10 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
 			{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev", "mode=755"}},
 			{"destination": AgentPath, "type": "bind", "source": r.cfg.AgentBin, "options": []string{"rbind", "ro"}},
-			{"destination": RunDir, "type": "bind", "source": r.socketDir(spec.SandboxID), "options": []string{"rbind", "rw"}},
+			// Read-only: the agent only connects to the socket in it (a
+			// connect needs no write access to a mount); nothing the sandbox
+			// writes may land on the host outside its disk limit (#14 item 1).
+			{"destination": RunDir, "type": "bind", "source": r.socketDir(spec.SandboxID), "options": []string{"rbind", "ro"}},
 		},
 		"linux": map[string]any{
 			"cgroupsPath": "/space/" + spec.SandboxID,

@@ -5,8 +5,8 @@
 // template's root file system with a private writable overlay whose upper
 // layer is capped at the sandbox's disk size. The agent is bind-mounted
 // read-only at /.space/agent and runs as the container's init; it dials the
-// host through a unix socket in a per-sandbox directory mounted at
-// /.space/run, and dials again after a restore (gVisor closes host socket
+// host through a unix socket in a per-sandbox directory mounted read-only
+// at /.space/run, and dials again after a restore (gVisor closes host socket
 // connections on checkpoint). Pause is runsc pause; suspend is runsc
 // checkpoint (memory, and with it the writable layer) into the snapshot
 // directory followed by deleting the sandbox; wake restores it.
@@ -27,10 +27,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/runtime/exitwatch"
 )
 
 // Name is the runtime's API name.
@@ -89,6 +91,8 @@ type Runtime struct {
 	log *slog.Logger
 
 	endpoints *agentclient.Endpoints
+	// exits notices a sandbox's process ending unexpectedly.
+	exits *exitwatch.Watcher
 
 	// firstStart serialises starts of sandboxes without a network until
 	// runsc has made its shared empty network-namespace mount; concurrent
@@ -108,9 +112,68 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger)}
 	r.endpoints = agentclient.NewEndpoints(r.socketPath, cfg.Logger)
 	return r, nil
+}
+
+// Close lets go of the host: agent listeners, the socket directories of
+// sandboxes that no longer run, and — when no sandbox runs at all — runsc's
+// shared empty-network mount and the socket directory itself. Sandboxes
+// that run keep what they need and are re-adopted by the next server.
+func (r *Runtime) Close() {
+	r.endpoints.CloseAll()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, r.cfg.Runsc, "--root", filepath.Join(r.cfg.Dir, "runsc"), "list", "--quiet").Output()
+	if err != nil {
+		r.log.Warn("gvisor: list sandboxes at close", "err", err)
+		return
+	}
+	alive := map[string]bool{}
+	for _, id := range strings.Fields(string(out)) {
+		alive[id] = true
+	}
+	ents, _ := os.ReadDir(r.cfg.SocketDir)
+	for _, e := range ents {
+		if !alive[e.Name()] {
+			os.RemoveAll(filepath.Join(r.cfg.SocketDir, e.Name()))
+		}
+	}
+	if len(alive) > 0 {
+		return
+	}
+	os.Remove(r.cfg.SocketDir)
+	nullNetns := filepath.Join(r.cfg.Dir, "runsc", "null-netns")
+	for i := 0; i < 16 && syscall.Unmount(nullNetns, syscall.MNT_DETACH) == nil; i++ {
+	}
+	os.Remove(nullNetns)
+}
+
+// OnExit tells f when a sandbox's processes end unexpectedly
+// (runtime.ExitReporter): the sandbox process (runsc's sentry) is watched;
+// it ends when the sandbox's init (the agent) dies, when it is killed from
+// outside, and when the host's OOM killer takes it at the memory limit.
+func (r *Runtime) OnExit(f func(runtime.Exit)) { r.exits.OnExit(f) }
+
+// watch starts watching a running sandbox's process.
+func (r *Runtime) watch(ctx context.Context, spec runtime.Spec) {
+	id := spec.SandboxID
+	st, err := r.state(ctx, spec)
+	if err != nil || st == nil || st.PID <= 0 {
+		r.log.Warn("gvisor: cannot watch the sandbox's process", "sandbox_id", id, "err", err)
+		return
+	}
+	mem := spec.Resources.MemoryMiB
+	err = r.exits.Watch(id, st.PID, func() (string, string) {
+		if exitwatch.OOMKilled("space/" + id) {
+			return runtime.ExitOutOfMemory, fmt.Sprintf("the sandbox reached its memory limit (%d MiB) and was killed", mem)
+		}
+		return "", ""
+	})
+	if err != nil {
+		r.log.Warn("gvisor: cannot watch the sandbox's process", "sandbox_id", id, "err", err)
+	}
 }
 
 // Probe checks that runsc can start a sandbox on this host, and says why not.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,6 +42,65 @@ func snapshotGen(dir string) string {
 
 func snapshotComplete(dir string) bool { return snapshotGen(dir) != "" }
 
+// markCurrent makes generation gen of dir the state to restore.
+func markCurrent(dir, gen string) error {
+	tmp := filepath.Join(dir, currentMarker+".tmp")
+	if err := os.WriteFile(tmp, []byte(gen), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, currentMarker)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// newestCheckpoint is the newest generation in dir holding a checkpoint
+// image ("" when none does).
+func newestCheckpoint(dir string) string {
+	ents, _ := os.ReadDir(dir)
+	best := ""
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "gen-") {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Join(dir, e.Name(), "checkpoint.img")); err != nil || fi.Size() == 0 {
+			continue
+		}
+		if best == "" || len(e.Name()) > len(best) || (len(e.Name()) == len(best) && e.Name() > best) {
+			best = e.Name()
+		}
+	}
+	return best
+}
+
+// waitForRunsc waits until no `runsc <verb> … <id>` process runs (one a
+// killed server started lives on), or ctx ends.
+func waitForRunsc(ctx context.Context, id, verb string) error {
+	for {
+		found := false
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+			if len(args) > 1 && strings.Contains(args[0], "runsc") && slices.Contains(args, verb) && args[len(args)-1] == id {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for an earlier runsc %s of %s: %w", verb, id, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // Create boots a sandbox and waits for its agent. A half-made sandbox of the
 // same id (a crash during create) is removed and made again.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
@@ -53,7 +113,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 			return err
 		}
 		if st != nil && st.Status == "running" {
-			return r.waitAgent(ctx, id)
+			return r.ready(ctx, spec)
 		}
 		if err := r.destroy(ctx, spec); err != nil {
 			return err
@@ -72,7 +132,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 	if err := r.start(ctx, spec, "run", "--detach", "--bundle", r.bundleDir(id), id); err != nil {
 		return err
 	}
-	return r.waitAgent(ctx, id)
+	return r.ready(ctx, spec)
+}
+
+// ready waits for a started sandbox's agent and starts watching its process.
+func (r *Runtime) ready(ctx context.Context, spec runtime.Spec) error {
+	if err := r.waitAgent(ctx, spec.SandboxID); err != nil {
+		return err
+	}
+	r.watch(ctx, spec)
+	return nil
 }
 
 // Pause freezes every task of the sandbox. The common case costs one runsc
@@ -107,11 +176,26 @@ func (r *Runtime) freeze(ctx context.Context, spec runtime.Spec, verb, want stri
 // writable layer) into spec.SnapshotDir and removes the running sandbox.
 func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	id, dir := spec.SandboxID, spec.SnapshotDir
+	// A checkpoint a killed server started runs on: let it finish, then
+	// look at what it left.
+	if err := waitForRunsc(ctx, id, "checkpoint"); err != nil {
+		return err
+	}
 	st, err := r.state(ctx, spec)
 	if err != nil {
 		return err
 	}
 	if st == nil || st.Status == "stopped" {
+		if !snapshotComplete(dir) {
+			// The server died after the checkpoint was written but before
+			// it was marked current: it is the sandbox's state now.
+			if gen := newestCheckpoint(dir); gen != "" {
+				r.log.Warn("gvisor: adopting a checkpoint a killed server left unmarked", "sandbox_id", id, "generation", gen)
+				if err := markCurrent(dir, gen); err != nil {
+					return err
+				}
+			}
+		}
 		if snapshotComplete(dir) {
 			if st != nil {
 				r.runsc(ctx, spec, "delete", "--force", id)
@@ -131,6 +215,8 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	if err := os.MkdirAll(gdir, 0o700); err != nil {
 		return err
 	}
+	// The checkpoint ends the sandbox's process: not a death to report.
+	r.exits.Stop(id)
 	if _, err := r.runsc(ctx, spec, "checkpoint", "--image-path", gdir, id); err != nil {
 		os.RemoveAll(gdir)
 		return err
@@ -138,14 +224,9 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	if err := syncDir(gdir); err != nil {
 		return fmt.Errorf("sync snapshot: %w", err)
 	}
-	tmp := filepath.Join(dir, currentMarker+".tmp")
-	if err := os.WriteFile(tmp, []byte(gen), 0o600); err != nil {
+	if err := markCurrent(dir, gen); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, currentMarker)); err != nil {
-		return err
-	}
-	syncDir(dir)
 	// Older generations are not needed once this checkpoint holds all the
 	// sandbox's memory; removing hundreds of MiB need not delay the answer.
 	ents, _ := os.ReadDir(dir)
@@ -172,10 +253,13 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 // Restore brings a suspended sandbox back from spec.SnapshotDir.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
+	if err := waitForRunsc(ctx, id, "restore"); err != nil {
+		return err
+	}
 	gdir := snapshotGen(spec.SnapshotDir)
 	if gdir == "" {
 		if st, err := r.state(ctx, spec); err == nil && st != nil && st.Status == "running" {
-			return r.waitAgent(ctx, id) // restored already
+			return r.ready(ctx, spec) // restored already
 		}
 		return fmt.Errorf("restore %s: no complete snapshot: %w", id, runtime.ErrNotFound)
 	}
@@ -191,7 +275,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 		case serr != nil:
 			return errors.Join(err, serr)
 		case st != nil && st.Status == "running":
-			return r.waitAgent(ctx, id)
+			return r.ready(ctx, spec)
 		case st != nil:
 			r.runsc(ctx, spec, "delete", "--force", id)
 			err = r.start(ctx, spec, "restore", "--detach", "--background", "--image-path", gdir, "--bundle", r.bundleDir(id), id)
@@ -200,7 +284,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 			return err
 		}
 	}
-	if err := r.waitAgent(ctx, id); err != nil {
+	if err := r.ready(ctx, spec); err != nil {
 		return err
 	}
 	// The sandbox runs again: this generation is no longer the state to
@@ -217,6 +301,7 @@ func (r *Runtime) Delete(ctx context.Context, spec runtime.Spec) error {
 
 func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
+	r.exits.Stop(id)
 	r.closeEndpoint(id)
 	if st, err := r.state(ctx, spec); err != nil {
 		return err
@@ -255,11 +340,13 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		if _, err := r.endpoint(spec.SandboxID); err != nil {
 			return "", err
 		}
+		r.watch(ctx, spec)
 		return runtime.StatusRunning, nil
 	case st != nil && st.Status == "paused":
 		if _, err := r.endpoint(spec.SandboxID); err != nil {
 			return "", err
 		}
+		r.watch(ctx, spec)
 		return runtime.StatusPaused, nil
 	case snapshotComplete(spec.SnapshotDir):
 		return runtime.StatusSuspended, nil

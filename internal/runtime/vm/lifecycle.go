@@ -20,6 +20,14 @@ import (
 // template once, on its first create), or boots it cold when no snapshot
 // can be had. A half-made sandbox is torn down first.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
+	if err := r.create(ctx, spec); err != nil {
+		return err
+	}
+	r.watch(spec)
+	return nil
+}
+
+func (r *Runtime) create(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	if r.qemuPID(id) != 0 {
 		if err := r.waitAgent(ctx, id); err == nil {
@@ -126,7 +134,21 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 		}
 		return fmt.Errorf("suspend: %w", runtime.ErrNotFound)
 	}
-	return r.save(ctx, spec)
+	// Saving ends QEMU: not a death to report.
+	r.exits.Stop(id)
+	err := r.save(ctx, spec)
+	if err != nil && r.qemuPID(id) != 0 {
+		// A suspend that fails leaves the sandbox running as before.
+		os.Remove(statePath(spec)) // not the state: the VM runs on
+		if q, qerr := r.qmp(ctx, id); qerr == nil {
+			q.execute(ctx, "migrate_cancel", nil)
+			q.execute(ctx, "cont", nil)
+			q.close()
+		}
+		r.endpoint(id)
+		r.watch(spec)
+	}
+	return err
 }
 
 // save stops the VM, migrates its device state (not its RAM, which is the
@@ -158,18 +180,24 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 	if err := q.waitMigration(ctx); err != nil {
 		return err
 	}
+	// The device state is complete: make it the sandbox's state before
+	// QEMU goes, so a server killed from here on finds the sandbox saved
+	// (the RAM file and disk are final: the VM is stopped).
+	if err := fsync(tmp); err != nil {
+		return fmt.Errorf("flush device state: %w", err)
+	}
+	if err := os.Rename(tmp, statePath(spec)); err != nil {
+		return err
+	}
 	q.execute(ctx, "quit", nil)
 	r.stopQEMU(ctx, id)
 	if err := removeCgroup(id); err != nil {
 		r.log.Warn("vm: suspend", "sandbox_id", id, "err", err)
 	}
-	for _, p := range []string{tmp, r.memPath(id), r.diskPath(id)} {
+	for _, p := range []string{r.memPath(id), r.diskPath(id)} {
 		if err := fsync(p); err != nil {
 			return fmt.Errorf("flush %s: %w", filepath.Base(p), err)
 		}
-	}
-	if err := os.Rename(tmp, statePath(spec)); err != nil {
-		return err
 	}
 	return fsync(spec.SnapshotDir)
 }
@@ -177,6 +205,14 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 // Restore starts QEMU over the saved RAM file, loads the device state and
 // lets it run.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
+	if err := r.restore(ctx, spec); err != nil {
+		return err
+	}
+	r.watch(spec)
+	return nil
+}
+
+func (r *Runtime) restore(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	if r.qemuPID(id) != 0 {
 		q, err := r.qmp(ctx, id)
@@ -231,6 +267,7 @@ func (r *Runtime) load(ctx context.Context, spec runtime.Spec, stateFile string)
 // Delete ends QEMU and removes every file, socket and cgroup.
 func (r *Runtime) Delete(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
+	r.exits.Stop(id)
 	r.closeEndpoint(id)
 	r.stopQEMU(ctx, id)
 	var errs []error
@@ -267,8 +304,10 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		}
 		switch st {
 		case "running":
+			r.watch(spec)
 			return runtime.StatusRunning, nil
 		case "paused":
+			r.watch(spec)
 			return runtime.StatusPaused, nil
 		}
 		return runtime.StatusAbsent, fmt.Errorf("qemu is %s", st)

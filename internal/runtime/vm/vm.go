@@ -38,6 +38,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/runtime/exitwatch"
 )
 
 // Name is the runtime's API name.
@@ -83,6 +84,8 @@ type Runtime struct {
 	bootKey string
 
 	endpoints *agentclient.Endpoints
+	// exits notices a sandbox's QEMU ending unexpectedly.
+	exits *exitwatch.Watcher
 
 	images imageBuilds
 }
@@ -109,7 +112,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("vm: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger)}
 	r.endpoints = agentclient.NewEndpoints(r.agentPath, cfg.Logger)
 	r.pruneImages(ctx)
 	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
@@ -157,7 +160,24 @@ func (r *Runtime) Name() string { return Name }
 
 // Close lets go of every agent channel (the VMs keep running; a new
 // runtime over the same directory re-adopts them).
-func (r *Runtime) Close() { r.endpoints.CloseAll() }
+// Close lets go of the host: agent listeners, the socket directories of
+// sandboxes whose QEMU no longer runs, and the socket directory itself when
+// none runs. Running VMs keep theirs and are re-adopted by the next server.
+func (r *Runtime) Close() {
+	r.endpoints.CloseAll()
+	running := 0
+	ents, _ := os.ReadDir(r.cfg.SocketDir)
+	for _, e := range ents {
+		if r.qemuPID(e.Name()) != 0 {
+			running++
+			continue
+		}
+		os.RemoveAll(filepath.Join(r.cfg.SocketDir, e.Name()))
+	}
+	if running == 0 {
+		os.Remove(r.cfg.SocketDir)
+	}
+}
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
 	return runtime.Capabilities{Pause: true, Suspend: true, Net: runtime.NetTap,
@@ -311,6 +331,32 @@ func (r *Runtime) qemuPID(id string) int {
 	return pid
 }
 
+// OnExit tells f when a sandbox's QEMU ends unexpectedly
+// (runtime.ExitReporter): killed from outside, crashed, or taken by the
+// host's OOM killer at its cgroup's limit. Inside the guest, the guest
+// kernel's OOM killer ends the process that exceeds memory, not the VM.
+func (r *Runtime) OnExit(f func(runtime.Exit)) { r.exits.OnExit(f) }
+
+// watch starts watching a running sandbox's QEMU.
+func (r *Runtime) watch(spec runtime.Spec) {
+	id := spec.SandboxID
+	pid := r.qemuPID(id)
+	if pid == 0 {
+		r.log.Warn("vm: no QEMU to watch", "sandbox_id", id)
+		return
+	}
+	mem := spec.Resources.MemoryMiB
+	err := r.exits.Watch(id, pid, func() (string, string) {
+		if exitwatch.OOMKilled("space-vm/" + id) {
+			return runtime.ExitOutOfMemory, fmt.Sprintf("the sandbox's VM reached its memory limit (%d MiB + QEMU's overhead) and was killed", mem)
+		}
+		return "", ""
+	})
+	if err != nil {
+		r.log.Warn("vm: cannot watch QEMU", "sandbox_id", id, "err", err)
+	}
+}
+
 // qmp connects to a running sandbox's QMP socket.
 func (r *Runtime) qmp(ctx context.Context, id string) (*qmp, error) {
 	if r.qemuPID(id) == 0 {
@@ -322,6 +368,7 @@ func (r *Runtime) qmp(ctx context.Context, id string) (*qmp, error) {
 // stopQEMU ends a sandbox's QEMU: quit over QMP, else SIGKILL; it waits
 // until the process is gone.
 func (r *Runtime) stopQEMU(ctx context.Context, id string) {
+	r.exits.Stop(id) // ended by us: not a death to report
 	pid := r.qemuPID(id)
 	if pid == 0 {
 		return
