@@ -584,6 +584,68 @@ func TestTokenCommands(t *testing.T) {
 	}
 }
 
+// What an API token issued ends with it (#14 item 15): a command session's
+// attachment token and an E2B envd access token stop working once the API
+// token is revoked; the same credentials of another token keep working.
+func TestRevokedTokenEndsWhatItIssued(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	out, _, code := s.runCLI("token", "create", "--name", "temp", "--json")
+	var tmp struct{ ID, Token string }
+	if code != 0 || json.Unmarshal([]byte(out), &tmp) != nil {
+		t.Fatalf("token create = %d %s", code, out)
+	}
+	sbx := s.createRunning()
+	session := func(token string) (string, string) {
+		r := s.do("POST", "/v1/sandboxes/"+sbx+"/commands", token, []byte(`{"command":["echo","hi"]}`))
+		var sess struct{ Attach struct{ URL, Token string } }
+		if r.status != 201 || json.Unmarshal(r.body, &sess) != nil {
+			t.Fatalf("create command = %d %s", r.status, r.body)
+		}
+		return sess.Attach.URL, sess.Attach.Token
+	}
+	attach := func(url, token string) int {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	envd := func(apiToken string) []string {
+		r := s.ecwDo("POST", "/v2/sandboxes", []byte(`{"templateID":"test","timeout":300}`), "X-API-KEY: "+apiToken)
+		var sb struct{ SandboxID, EnvdAccessToken string }
+		if r.status != 201 || json.Unmarshal(r.body, &sb) != nil {
+			t.Fatalf("E2B create = %d %s", r.status, r.body)
+		}
+		return []string{"E2b-Sandbox-Id: " + sb.SandboxID, "E2b-Sandbox-Port: 49983", "X-Access-Token: " + sb.EnvdAccessToken, "Authorization: Basic cm9vdDo="}
+	}
+	url, att := session(tmp.Token)
+	keptURL, kept := session(s.token)
+	e2bTmp, e2bKept := envd(tmp.Token), envd(s.token)
+	if r := s.ecwDo("GET", "/files?path=/etc/hostname", nil, e2bTmp...); r.status != 200 && r.status != 404 {
+		t.Fatalf("envd with the temporary token's access token = %d %s", r.status, r.body)
+	}
+	if _, _, code := s.runCLI("token", "revoke", tmp.ID); code != 0 {
+		t.Fatalf("revoke exit %d", code)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for attach(url, att) != 401 {
+		if time.Now().After(deadline) {
+			t.Fatal("an attachment token outlived the revocation of its API token")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	expectE2BError(t, s.ecwDo("GET", "/files?path=/etc/hostname", nil, e2bTmp...), 401)
+	if st := attach(keptURL, kept); st != 200 {
+		t.Fatalf("another token's attachment = %d", st)
+	}
+	if r := s.ecwDo("GET", "/files?path=/etc/hostname", nil, e2bKept...); r.status == 401 {
+		t.Fatalf("another token's envd access = %d %s", r.status, r.body)
+	}
+}
+
 func TestCLI(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	out, errOut, code := s.runCLI("sandbox", "create", "--wait", "--json", "--env", "A=1", "--metadata", "who=cli", "--vcpus", "2")

@@ -25,6 +25,7 @@ type DataPlane struct {
 	idem    *idempotency
 	router  *router
 	ingress *ingress.Proxy
+	tokens  *auth.Tokens
 	// Keepalive is the longest silence on a stream (api.md: ≤ 15 s).
 	Keepalive time.Duration
 }
@@ -38,13 +39,15 @@ type DataPlaneConfig struct {
 	BootID   string
 	// Ingress, when set, proxies to sandbox ports (see ingress.go).
 	Ingress *ingress.Proxy
+	// Tokens, when set, ends attachment tokens whose API token is revoked.
+	Tokens *auth.Tokens
 }
 
 // NewDataPlane builds the data-plane handler.
 func NewDataPlane(cfg DataPlaneConfig) *DataPlane {
 	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: newIdempotency(cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
 	d.router = newRouter(d.Routes())
-	d.ingress = cfg.Ingress
+	d.ingress, d.tokens = cfg.Ingress, cfg.Tokens
 	return d
 }
 
@@ -75,21 +78,28 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, r, d.log, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
-	serve(w, r, "data", d.router, d.metrics, d.log, func(r *http.Request, p params) error {
+	serve(w, r, "data", d.router, d.metrics, d.log, func(r *http.Request, p params) (*http.Request, error) {
 		sid := p["session_id"]
 		if !ids.Valid(ids.Process, sid) {
-			return errdefs.New(errdefs.NotFound, "no such session")
+			return nil, errdefs.New(errdefs.NotFound, "no such session")
 		}
 		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
 		if !ok {
-			return errdefs.New(errdefs.Unauthenticated, "missing or invalid attachment token")
+			return nil, errdefs.New(errdefs.Unauthenticated, "missing or invalid attachment token")
 		}
 		claims, err := d.cmds.Signer().Verify(tok, sid)
 		if err != nil {
-			return err
+			return nil, err
+		}
+		// An attachment token lives only as long as the API token that
+		// created its session (tokens from before this check name none).
+		if claims.Token != "" && d.tokens != nil {
+			if err := d.tokens.Active(r.Context(), claims.Token); err != nil {
+				return nil, err
+			}
 		}
 		p["sandbox_id"] = claims.Sandbox
-		return nil
+		return r, nil
 	})
 }
 

@@ -113,21 +113,25 @@ func (s *Server) Routes() []Route {
 // ServeHTTP routes, authenticates with the API token, recovers panics and
 // records metrics.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	serve(w, r, "api", s.router, s.metrics, s.log, func(r *http.Request, p params) error {
+	serve(w, r, "api", s.router, s.metrics, s.log, func(r *http.Request, p params) (*http.Request, error) {
 		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
 		if !ok {
-			return errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
+			return nil, errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
 		}
-		_, err := s.tokens.Verify(r.Context(), tok)
-		return err
+		t, err := s.tokens.Verify(r.Context(), tok)
+		if err != nil {
+			return nil, err
+		}
+		// What the request issues (attachment tokens) is tied to this token.
+		return r.WithContext(auth.WithTokenID(r.Context(), t.ID)), nil
 	})
 }
 
 // serve is what both listeners do with a request: route it, authenticate
 // it with authn when the route needs it (a failure is answered with the
-// error and a WWW-Authenticate challenge), turn panics into 500s, and
-// record its latency and status.
-func serve(w http.ResponseWriter, r *http.Request, listener string, rt *router, m *metrics.Metrics, log *slog.Logger, authn func(*http.Request, params) error) {
+// error and a WWW-Authenticate challenge; success gives the request as the
+// handler sees it), turn panics into 500s, and record its latency and status.
+func serve(w http.ResponseWriter, r *http.Request, listener string, rt *router, m *metrics.Metrics, log *slog.Logger, authn func(*http.Request, params) (*http.Request, error)) {
 	start := time.Now()
 	sw := &metrics.StatusWriter{ResponseWriter: w}
 	routeName := "unmatched"
@@ -157,13 +161,15 @@ func serve(w http.ResponseWriter, r *http.Request, listener string, rt *router, 
 	}
 	routeName = route.Pattern
 	if route.Auth {
-		if err := authn(r, p); err != nil {
+		ar, err := authn(r, p)
+		if err != nil {
 			if errors.Is(err, errdefs.Unauthenticated) {
 				sw.Header().Set("WWW-Authenticate", `Bearer realm="space-`+listener+`"`)
 			}
 			writeError(sw, r, log, err)
 			return
 		}
+		r = ar
 	}
 	route.Handler(sw, r, p)
 }

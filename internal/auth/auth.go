@@ -126,6 +126,54 @@ func (t *Tokens) Revoke(ctx context.Context, id string) error {
 	return nil
 }
 
+// Active checks that the API token with id exists and is not revoked:
+// credentials it issued (attachment and sandbox access tokens) carry its id
+// and stop working within the cache TTL of its revocation.
+func (t *Tokens) Active(ctx context.Context, id string) error {
+	revoked := errdefs.New(errdefs.Unauthenticated, "the API token that issued this credential was revoked")
+	if !ids.Valid(ids.Token, id) {
+		return revoked
+	}
+	key, now := "id\x00"+id, t.now()
+	t.mu.Lock()
+	c, ok := t.cache[key]
+	t.mu.Unlock()
+	if ok && now.Before(c.until) {
+		return nil
+	}
+	tok, err := t.store.TokenByID(ctx, id)
+	if errors.Is(err, errdefs.NotFound) {
+		return revoked
+	}
+	if err != nil {
+		return fmt.Errorf("look up token: %w", err)
+	}
+	if tok.RevokedAt != nil {
+		return revoked
+	}
+	t.mu.Lock()
+	if len(t.cache) > 10000 {
+		clear(t.cache)
+	}
+	t.cache[key] = cached{tok: *tok, until: now.Add(t.cacheTTL)}
+	t.mu.Unlock()
+	return nil
+}
+
+type tokenIDKey struct{}
+
+// WithTokenID records the id of the API token a request authenticated with.
+func WithTokenID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, tokenIDKey{}, id)
+}
+
+// TokenID is the id of the API token the request authenticated with ("" for
+// none).
+func TokenID(ctx context.Context) string {
+	id, _ := ctx.Value(tokenIDKey{}).(string)
+	return id
+}
+
 // BearerToken extracts the token of an "Authorization: Bearer" header.
 func BearerToken(header string) (string, bool) {
 	scheme, value, ok := strings.Cut(header, " ")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/agent/proto"
 	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -228,7 +229,7 @@ func (s *Service) Create(ctx context.Context, sandboxID string, req CreateReques
 		return nil, AgentError("create process", err)
 	}
 	exp := time.Now().Add(s.cfg.TokenTTL).UTC().Truncate(time.Second)
-	tok := s.cfg.Signer.Issue(Claims{Session: spec.ID, Sandbox: sandboxID, Expires: exp.Unix()})
+	tok := s.cfg.Signer.Issue(Claims{Session: spec.ID, Sandbox: sandboxID, Expires: exp.Unix(), Token: auth.TokenID(ctx)})
 	s.log.Info("command session created", "sandbox_id", sandboxID, "process_id", spec.ID)
 	return &Session{SessionID: spec.ID, ProcessID: spec.ID, Attach: Attach{
 		URL: strings.TrimRight(s.cfg.DataPlaneURL, "/") + "/v1/sessions/" + spec.ID + "/events", Token: tok, ExpiresAt: exp,

@@ -24,6 +24,9 @@ type Claims struct {
 	Session string `json:"sid"`
 	Sandbox string `json:"sbx"`
 	Expires int64  `json:"exp"` // unix seconds
+	// Token is the id of the API token that created the session: the
+	// attachment token stops working when that one is revoked.
+	Token string `json:"tok,omitempty"`
 }
 
 // Signer issues and checks attachment tokens: the claims, signed with
@@ -116,10 +119,11 @@ func (s *Signer) Verify(token, session string) (Claims, error) {
 const SandboxAccessPrefix = "spsa_"
 
 // SandboxAccessToken is the token that grants a sandbox's whole in-sandbox
-// API (the E2B layer's envdAccessToken): an HMAC of the sandbox id under the
-// signer's key, so it needs no storage and lives as long as the sandbox.
-func (s *Signer) SandboxAccessToken(sandboxID string) string {
-	return SandboxAccessPrefix + base64.RawURLEncoding.EncodeToString(s.mac("sandbox-access\x00"+sandboxID))
+// API (the E2B layer's envdAccessToken) to the holder of API token tokenID:
+// the token's id and an HMAC of both ids under the signer's key, so it needs
+// no storage, lives as long as the sandbox and ends with the API token.
+func (s *Signer) SandboxAccessToken(sandboxID, tokenID string) string {
+	return SandboxAccessPrefix + tokenID + "." + base64.RawURLEncoding.EncodeToString(s.mac("sandbox-access\x00"+sandboxID+"\x00"+tokenID))
 }
 
 // IngressToken reaches a sandbox's ports through the data plane: an HMAC of
@@ -140,11 +144,21 @@ func (s *Signer) VerifyIngress(token, sandboxID string) error {
 	return nil
 }
 
-// VerifySandboxAccess checks a sandbox access token in constant time.
-func (s *Signer) VerifySandboxAccess(token, sandboxID string) error {
-	want := s.SandboxAccessToken(sandboxID)
-	if len(token) > 256 || !hmac.Equal([]byte(token), []byte(want)) {
-		return errdefs.New(errdefs.Unauthenticated, "missing or invalid sandbox access token")
+// VerifySandboxAccess checks a sandbox access token in constant time and
+// returns the id of the API token it was issued to (the caller checks that
+// one is still active).
+func (s *Signer) VerifySandboxAccess(token, sandboxID string) (string, error) {
+	denied := errdefs.New(errdefs.Unauthenticated, "missing or invalid sandbox access token")
+	rest, ok := strings.CutPrefix(token, SandboxAccessPrefix)
+	if !ok || len(token) > 256 {
+		return "", denied
 	}
-	return nil
+	tokenID, _, ok := strings.Cut(rest, ".")
+	if !ok || !ids.Valid(ids.Token, tokenID) {
+		return "", denied
+	}
+	if !hmac.Equal([]byte(token), []byte(s.SandboxAccessToken(sandboxID, tokenID))) {
+		return "", denied
+	}
+	return tokenID, nil
 }

@@ -48,11 +48,12 @@ func (s *Server) authed(next http.HandlerFunc) http.HandlerFunc {
 		if key == "" {
 			key, _ = auth.BearerToken(r.Header.Get("Authorization"))
 		}
-		if _, err := s.cfg.Tokens.Verify(r.Context(), key); err != nil {
+		t, err := s.cfg.Tokens.Verify(r.Context(), key)
+		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		next(w, r)
+		next(w, r.WithContext(auth.WithTokenID(r.Context(), t.ID)))
 	}
 }
 
@@ -128,8 +129,10 @@ func e2bState(st sandbox.State) string {
 	return string(st)
 }
 
-func (s *Server) info(sb *sandbox.Sandbox) sandboxInfo {
-	tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID)
+// info is a created or connected sandbox; its envd access token belongs to
+// the API token of the request (tokenID).
+func (s *Server) info(sb *sandbox.Sandbox, tokenID string) sandboxInfo {
+	tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID, tokenID)
 	info := sandboxInfo{TemplateID: sb.Template.Ref, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: &tok}
 	if sb.Network != nil {
 		traffic := s.cfg.Commands.Signer().IngressToken(sb.ID)
@@ -141,7 +144,9 @@ func (s *Server) info(sb *sandbox.Sandbox) sandboxInfo {
 	return info
 }
 
-func (s *Server) detail(sb *sandbox.Sandbox, withToken bool) sandboxDetail {
+// detail describes a sandbox, with an envd access token for the API token
+// tokenID unless that is "" (lists carry none).
+func (s *Server) detail(sb *sandbox.Sandbox, tokenID string) sandboxDetail {
 	d := sandboxDetail{
 		TemplateID: sb.Template.Ref, SandboxID: sb.ID, ClientID: clientID, StartedAt: sb.CreatedAt, EndAt: sb.UpdatedAt,
 		EnvdVersion: EnvdVersion, CPUCount: sb.Resources.VCPUs, MemoryMB: sb.Resources.MemoryMiB, DiskSizeMB: sb.Resources.DiskMiB,
@@ -157,8 +162,8 @@ func (s *Server) detail(sb *sandbox.Sandbox, withToken bool) sandboxDetail {
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
-	if withToken {
-		tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID)
+	if tokenID != "" {
+		tok := s.cfg.Commands.Signer().SandboxAccessToken(sb.ID, tokenID)
 		d.EnvdAccessToken = &tok
 	}
 	if s.cfg.Domain != "" {
@@ -242,7 +247,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("E2B sandbox created", "sandbox_id", sb.ID, "operation_id", op.ID)
-	writeJSON(w, http.StatusCreated, s.info(sb))
+	writeJSON(w, http.StatusCreated, s.info(sb, auth.TokenID(r.Context())))
 }
 
 // await waits for an operation and turns its failure into an error.
@@ -290,7 +295,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.detail(sb, true))
+	writeJSON(w, http.StatusOK, s.detail(sb, auth.TokenID(r.Context())))
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -411,7 +416,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		s.cfg.Engine.Touch(sb.ID)
-		writeJSON(w, http.StatusOK, s.info(sb))
+		writeJSON(w, http.StatusOK, s.info(sb, auth.TokenID(r.Context())))
 		return
 	}
 	s.wake(w, r, sb, body.Timeout)
@@ -452,7 +457,7 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbo
 		}
 	}
 	s.log.Info("E2B sandbox resumed", "sandbox_id", sb.ID, "operation_id", op.ID)
-	writeJSON(w, http.StatusCreated, s.info(sb))
+	writeJSON(w, http.StatusCreated, s.info(sb, auth.TokenID(r.Context())))
 }
 
 // setTimeout replaces the sandbox's timeout (E2B: POST …/timeout).
@@ -585,7 +590,7 @@ func (s *Server) list(r *http.Request, q listQuery) ([]sandboxDetail, string, er
 	out := []sandboxDetail{}
 	for i := range page.Items {
 		if sb := &page.Items[i]; q.match(sb) {
-			out = append(out, s.detail(sb, false))
+			out = append(out, s.detail(sb, ""))
 		}
 	}
 	return out, page.Next, nil

@@ -98,7 +98,12 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 			return
 		}
 		if needToken {
-			if err := s.cfg.Commands.Signer().VerifySandboxAccess(r.Header.Get("X-Access-Token"), t.sandboxID); err != nil {
+			tokenID, err := s.cfg.Commands.Signer().VerifySandboxAccess(r.Header.Get("X-Access-Token"), t.sandboxID)
+			if err == nil {
+				// It ends with the API token it was issued to.
+				err = s.cfg.Tokens.Active(r.Context(), tokenID)
+			}
+			if err != nil {
 				s.fail(w, r, err)
 				return
 			}

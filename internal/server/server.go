@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}
 	apiSrv := api.New(acfg)
-	dcfg := api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID}
+	dcfg := api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID, Tokens: tokens}
 	var ing *ingress.Proxy
 	if netMgr != nil {
 		dom := cfg.SandboxDomain

@@ -89,6 +89,8 @@ type Store interface {
 	CreateToken(ctx context.Context, t *Token) error
 	// TokenByHash returns the token with hash h, errdefs.NotFound when none.
 	TokenByHash(ctx context.Context, h string) (*Token, error)
+	// TokenByID returns the token with id, errdefs.NotFound when none.
+	TokenByID(ctx context.Context, id string) (*Token, error)
 	// ListTokens returns every token, revoked ones included.
 	ListTokens(ctx context.Context) ([]Token, error)
 	// RevokeToken marks a token revoked; NotFound when there is none.

@@ -723,6 +723,17 @@ func (s *Store) TokenByHash(ctx context.Context, h string) (*store.Token, error)
 	return t, nil
 }
 
+func (s *Store) TokenByID(ctx context.Context, id string) (*store.Token, error) {
+	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at FROM tokens WHERE id = ?`, id).Scan)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.New(errdefs.NotFound, "token not found")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read token: %w", err)
+	}
+	return t, nil
+}
+
 func (s *Store) ListTokens(ctx context.Context) ([]store.Token, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at FROM tokens ORDER BY created_at, id`)
 	if err != nil {

@@ -520,6 +520,11 @@ func testTokens(t *testing.T, open Opener) {
 		t.Fatalf("revoked_at = %v", got.RevokedAt)
 	}
 	wantKind(t, s.RevokeToken(ctx, ids.New(ids.Token), epoch), errdefs.NotFound)
+	if byID, err := s.TokenByID(ctx, tok.ID); err != nil || byID.Hash != "h1" || byID.RevokedAt == nil {
+		t.Fatalf("by id = %+v %v", byID, err)
+	}
+	_, err = s.TokenByID(ctx, ids.New(ids.Token))
+	wantKind(t, err, errdefs.NotFound)
 	list, err := s.ListTokens(ctx)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("list = %+v %v", list, err)
