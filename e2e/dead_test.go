@@ -85,13 +85,47 @@ func testDeadSandboxIsFailed(t *testing.T, rt string) {
 		t.Fatal("no sandbox_failed event in the server's log")
 	}
 	// It no longer counts against --max-sandboxes 2.
-	s.createRunning()
+	s.lifecycle(s.createRunning(), "delete", "deleted")
 	// The bystander was never reported dead.
 	if sb, _ := s.client().GetSandbox(context.Background(), bystander); sb.State != "paused" {
 		t.Fatalf("bystander is %s", sb.State)
 	}
 	s.lifecycle(bystander, "wake", "running")
 	s.lifecycle(victim, "delete", "deleted")
+
+	// Out of memory: a process in a 128 MiB sandbox asks for 400 MiB. What
+	// dies depends on the runtime (README): only the process (its command
+	// ends, the sandbox runs on), or the whole sandbox — then it is failed
+	// with out_of_memory, never left running.
+	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","resources":{"memory_mib":128}}`))
+	var created struct {
+		Sandbox   struct{ ID string }
+		Operation struct{ ID string }
+	}
+	if r.status != 202 {
+		t.Fatalf("create 128 MiB sandbox = %d %s", r.status, r.body)
+	}
+	r.json(t, &created)
+	if op := s.waitOp(created.Operation.ID); op.State != "succeeded" {
+		t.Fatalf("create 128 MiB sandbox: %+v", op.Error)
+	}
+	hog := created.Sandbox.ID
+	tr, _ := s.runCommand(hog, map[string]any{"command": []string{"sh", "-c", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo survived ${#x}`}, "timeout": "120s"})
+	sb, _ := s.client().GetSandbox(context.Background(), hog)
+	switch {
+	case sb.State == "running" && !strings.HasPrefix(string(tr.stdout), "survived"):
+		t.Logf("out of memory on %s: the process died (exit %v, %q, %d events), the sandbox runs on", rt, tr.exitCode, tr.stderr, len(tr.events))
+		if tr, _ := s.runCommand(hog, map[string]any{"command": []string{"echo", "alive"}}); string(tr.stdout) != "alive\n" {
+			t.Fatalf("sandbox after its process ran out of memory: %q", tr.stdout)
+		}
+	case sb.State == "running":
+		t.Fatalf("a 128 MiB sandbox held 400 MB: %q", tr.stdout)
+	default:
+		if code := s.waitFailed(hog); code != "out_of_memory" {
+			t.Fatalf("sandbox out of memory failed with %q, want out_of_memory", code)
+		}
+		t.Logf("out of memory on %s: the sandbox failed with out_of_memory", rt)
+	}
 	if left := sandboxProcesses(victim); len(left) != 0 {
 		t.Fatalf("processes of the deleted sandbox remain: %v", left)
 	}
