@@ -44,12 +44,13 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 
 func startAgentOnHost(t *testing.T) (*agentclient.Client, string) {
 	t.Helper()
-	return startAgentAt(t, t.TempDir())
+	return startAgentWith(t, agent.Config{Root: t.TempDir()})
 }
 
-func startAgentAt(t *testing.T, root string) (*agentclient.Client, string) {
+func startAgentWith(t *testing.T, cfg agent.Config) (*agentclient.Client, string) {
 	t.Helper()
-	a, err := agent.New(agent.Config{Root: root})
+	root := cfg.Root
+	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +369,7 @@ func TestAgentOnHostFiles(t *testing.T) {
 // its end, in one chunk or many; a FIFO or a device is refused at once, not
 // waited on or read forever (#14 item 9).
 func TestAgentOnHostFilesOfUnknownSize(t *testing.T) {
-	c, _ := startAgentAt(t, "/")
+	c, _ := startAgentWith(t, agent.Config{Root: "/"})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	want, err := os.ReadFile("/proc/self/status")
@@ -458,20 +459,8 @@ func TestAgentOnHostVersionMismatch(t *testing.T) {
 // Command sessions nobody attached to are capped (#14 item 15): beyond the
 // cap a create is resource_exhausted; starting one frees its place.
 func TestAgentOnHostPendingSessionsAreCapped(t *testing.T) {
-	root := t.TempDir()
-	a, err := agent.New(agent.Config{Root: root, MaxPending: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostSide, agentSide := socketPair(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { a.Serve(ctx, agentSide); close(done) }()
-	c, err := agentclient.Dial(ctx, hostSide)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); cancel(); <-done; a.Close() })
+	c, _ := startAgentWith(t, agent.Config{Root: t.TempDir(), MaxPending: 3})
+	ctx := context.Background()
 	for i := 0; i < 3; i++ {
 		if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: fmt.Sprintf("p%d", i), Argv: []string{"true"}}); err != nil {
 			t.Fatal(err)

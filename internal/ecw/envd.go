@@ -11,8 +11,8 @@ import (
 	"mime/multipart"
 	"net/http"
 	"path"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"

@@ -713,18 +713,17 @@ func scanToken(scan func(...any) error) (*store.Token, error) {
 }
 
 func (s *Store) TokenByHash(ctx context.Context, h string) (*store.Token, error) {
-	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at FROM tokens WHERE hash = ?`, h).Scan)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.New(errdefs.NotFound, "token not found")
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read token: %w", err)
-	}
-	return t, nil
+	return s.tokenWhere(ctx, "hash", h)
 }
 
 func (s *Store) TokenByID(ctx context.Context, id string) (*store.Token, error) {
-	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at FROM tokens WHERE id = ?`, id).Scan)
+	return s.tokenWhere(ctx, "id", id)
+}
+
+// tokenWhere reads the token whose column (hash or id: never user input)
+// equals v.
+func (s *Store) tokenWhere(ctx context.Context, column, v string) (*store.Token, error) {
+	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at FROM tokens WHERE `+column+` = ?`, v).Scan)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "token not found")
 	}
