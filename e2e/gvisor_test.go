@@ -42,6 +42,7 @@ func TestRealRuntimes(t *testing.T) {
 		{"BenchQuick", testBenchQuick},
 		{"DeadSandboxIsFailed", testDeadSandboxIsFailed},
 		{"KilledDuringSuspendAndWake", testKilledDuringSuspendAndWake},
+		{"FailedSuspendKeepsRunning", testFailedSuspendKeepsRunning},
 	}
 	for _, rt := range realRuntimes(t) {
 		t.Run(rt, func(t *testing.T) {

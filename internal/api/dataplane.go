@@ -10,6 +10,7 @@ import (
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/httpguard"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/metrics"
@@ -110,6 +111,7 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 	sid, sbx := p["session_id"], p["sandbox_id"]
 	ctx := r.Context()
+	httpguard.Exempt(ctx) // an authenticated stream: not held to the connection cap
 	last := parseLastEventID(r.Header.Get("Last-Event-ID"))
 	after := last.after
 	if last.resync {

@@ -29,6 +29,13 @@ type Serve struct {
 	Runtime   string // auto, vm, gvisor (and fake in test builds)
 	LogFormat string // auto, text, json
 	LogLevel  string // debug, info, warn, error
+	// HeaderTimeout bounds how long a request's headers may take,
+	// BodyIdle how long its body may stop arriving, and MaxConnections the
+	// connections open at once on each listener (authenticated streams do
+	// not count).
+	HeaderTimeout  time.Duration
+	BodyIdle       time.Duration
+	MaxConnections int
 	// ShutdownGrace bounds how long a graceful shutdown waits for requests
 	// and operations in flight.
 	ShutdownGrace time.Duration
@@ -115,6 +122,13 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	}
 	fs.IntVar(&s.MaxSandboxes, "max-sandboxes", maxSbx, "most sandboxes active at once; 0 for no cap (env "+EnvName("max-sandboxes")+")")
 	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
+	dur(&s.HeaderTimeout, "header-timeout", 10*time.Second, "longest a request's headers may take to arrive")
+	dur(&s.BodyIdle, "body-idle-timeout", 30*time.Second, "longest a request body may stop arriving before the request ends")
+	maxConns := 4096
+	if v, ok := os.LookupEnv(EnvName("max-connections")); ok {
+		fmt.Sscan(v, &maxConns)
+	}
+	fs.IntVar(&s.MaxConnections, "max-connections", maxConns, "most connections open at once on each listener, authenticated streams aside; 0 for no cap (env "+EnvName("max-connections")+")")
 	dur(&s.OperationTimeout, "operation-timeout", 10*time.Minute, "upper bound of one lifecycle operation")
 	str(&s.WarmPools, "warm-pools", "", "default warm pools, like \"seed:latest=2,test:latest=1\" (PUT /v1/warm-pools overrides)")
 	dur(&s.IdleTimeout, "idle-timeout", 10*time.Minute, "default idle timeout of sandboxes that name none")
@@ -235,6 +249,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.AttachTokenTTL < time.Second {
 		errs = append(errs, errors.New("--attach-token-ttl must be at least 1s"))
+	}
+	if s.HeaderTimeout <= 0 || s.BodyIdle <= 0 || s.MaxConnections < 0 {
+		return errors.New("--header-timeout and --body-idle-timeout must be positive, --max-connections not negative")
 	}
 	if s.ShutdownGrace < 0 || s.OperationTimeout <= 0 {
 		errs = append(errs, errors.New("--shutdown-grace must be ≥ 0 and --operation-timeout > 0"))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/httpguard"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/sandbox"
 )
@@ -146,6 +147,7 @@ func (in *Proxy) Serve(w http.ResponseWriter, r *http.Request, id, port, path st
 			writeIngressError(w, http.StatusUnauthorized, "unauthenticated", "missing or invalid ingress token ("+Header+")")
 			return
 		}
+		httpguard.Exempt(r.Context()) // authenticated: a WebSocket or long download may stay
 	}
 	if sb.State != sandbox.Running {
 		writeIngressError(w, http.StatusBadGateway, "sandbox_not_running", fmt.Sprintf("sandbox not running (%s); wake it first", sb.State))

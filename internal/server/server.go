@@ -25,6 +25,7 @@ import (
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/ecw"
+	"github.com/spacesandbox/space/internal/httpguard"
 	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
@@ -199,10 +200,10 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	dataSrv := api.NewDataPlane(dcfg)
 	servers := []*http.Server{
-		newHTTPServer(apiSrv, log),
-		newHTTPServer(dataSrv, log),
+		newHTTPServer(apiSrv, cfg, log),
+		newHTTPServer(dataSrv, cfg, log),
 	}
-	lns := []net.Listener{apiLn, dataLn}
+	lns := []net.Listener{httpguard.Listener(apiLn, cfg.MaxConnections), httpguard.Listener(dataLn, cfg.MaxConnections)}
 	ecwAddr := ""
 	if cfg.ECWAddr != "" {
 		ln, err := net.Listen("tcp", cfg.ECWAddr)
@@ -217,8 +218,8 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 			_, port, _ := net.SplitHostPort(ecwAddr)
 			ecfg.Domain = "localhost:" + port
 		}
-		servers = append(servers, newHTTPServer(ecw.New(ecfg), log))
-		lns = append(lns, ln)
+		servers = append(servers, newHTTPServer(ecw.New(ecfg), cfg, log))
+		lns = append(lns, httpguard.Listener(ln, cfg.MaxConnections))
 	}
 	errc := make(chan error, len(servers))
 	var wg sync.WaitGroup
@@ -270,10 +271,15 @@ func deadlineOf(ctx context.Context) time.Time {
 	return d
 }
 
-func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+// newHTTPServer serves h with deadlines against slow clients: headers
+// within --header-timeout, a body that never stops for --body-idle-timeout,
+// idle keep-alive connections closed after two minutes (the connection cap
+// is the listener's: httpguard.Listener).
+func newHTTPServer(h http.Handler, cfg *config.Serve, log *slog.Logger) *http.Server {
 	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler:           httpguard.BodyIdle(h, cfg.BodyIdle),
+		ConnContext:       httpguard.ConnContext,
+		ReadHeaderTimeout: cfg.HeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

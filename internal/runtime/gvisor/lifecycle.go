@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -205,7 +206,8 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 		}
 		return fmt.Errorf("suspend %s: %w", id, runtime.ErrNotFound)
 	}
-	if st.Status == "paused" {
+	wasPaused := st.Status == "paused"
+	if wasPaused {
 		if _, err := r.runsc(ctx, spec, "resume", id); err != nil {
 			return err
 		}
@@ -215,10 +217,27 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	if err := os.MkdirAll(gdir, 0o700); err != nil {
 		return err
 	}
-	// The checkpoint ends the sandbox's process: not a death to report.
+	// The sandbox's process is replaced or ended from here: not a death to
+	// report. Nothing it does after its image is taken may reach a client:
+	// its agent's channel closes first.
 	r.exits.Stop(id)
-	if _, err := r.runsc(ctx, spec, "checkpoint", "--image-path", gdir, id); err != nil {
+	r.closeEndpoint(id)
+	// --leave-running: a checkpoint that fails (a full disk) leaves the
+	// sandbox running as it was, instead of ending it with its state lost.
+	if _, err := r.runsc(ctx, spec, "checkpoint", "--leave-running", "--image-path", gdir, id); err != nil {
 		os.RemoveAll(gdir)
+		r.endpoint(id)
+		if wasPaused {
+			r.runsc(ctx, spec, "pause", id)
+		}
+		r.watch(ctx, spec)
+		if strings.Contains(err.Error(), "no space left") {
+			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to save the sandbox; it runs on as before")
+		}
+		return err
+	}
+	// The image is the sandbox now: end what runs on at once.
+	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
 		return err
 	}
 	if err := syncDir(gdir); err != nil {
@@ -243,10 +262,6 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 			}
 		}()
 	}
-	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
-		return err
-	}
-	r.closeEndpoint(id)
 	return nil
 }
 

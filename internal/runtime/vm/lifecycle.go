@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -147,8 +149,17 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 		}
 		r.endpoint(id)
 		r.watch(spec)
+		if lowSpace(spec.SnapshotDir) {
+			err = errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to save the sandbox; it runs on as before")
+		}
 	}
 	return err
+}
+
+// lowSpace reports whether dir's file system has (almost) no space left.
+func lowSpace(dir string) bool {
+	var st syscall.Statfs_t
+	return syscall.Statfs(dir, &st) == nil && st.Bavail*uint64(st.Bsize) < 4<<20
 }
 
 // save stops the VM, migrates its device state (not its RAM, which is the
