@@ -104,3 +104,39 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// An attached reader that stops reading for longer than the agent's reader
+// timeout (5 s) loses nothing (#14 item 8): the server keeps its place while
+// it waits on the client, so the process waits instead of output being
+// dropped — no resync_required, every byte in order.
+func TestStalledReaderLosesNothing(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	sbx := s.createRunning()
+	sess := s.command(sbx, map[string]any{"command": []string{"seq", "1", "3000000"}}) // ~21 MB
+	st, resp := s.attach(sess.Attach.URL, sess.Attach.Token, "")
+	if st == nil {
+		t.Fatalf("attach: %d", resp.StatusCode)
+	}
+	tr := &transcript{}
+	stalled := false
+	collect(t, st, tr, func(tr *transcript) bool {
+		if !stalled && len(tr.stdout) >= 2<<20 {
+			stalled = true
+			t.Log("the reader stops reading for 8 s, its stream open")
+			time.Sleep(8 * time.Second)
+		}
+		return false
+	})
+	var want strings.Builder
+	for i := 1; i <= 3000000; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	for _, ev := range tr.events {
+		if ev == "resync_required" {
+			t.Fatal("the stalled reader got resync_required: output was dropped")
+		}
+	}
+	if !tr.complete || string(tr.stdout) != want.String() {
+		t.Fatalf("got %d bytes (complete %v), want %d in order", len(tr.stdout), tr.complete, want.Len())
+	}
+}

@@ -275,6 +275,20 @@ func (a *Agent) dispatch(ctx context.Context, c proto.Call, blob []byte) (any, [
 			return nil, nil, err
 		}
 		return proto.Empty{}, nil, a.resize(p)
+	case proto.MethodProcHold:
+		h, err := decode[proto.HoldRequest](c.Params)
+		if err != nil {
+			return nil, nil, err
+		}
+		if h.Subscriber == "" {
+			return nil, nil, proto.Errorf(proto.CodeInvalidArgument, "hold needs a subscriber")
+		}
+		p, err := a.lookup(h.ID)
+		if err != nil {
+			return nil, nil, err
+		}
+		p.out.hold(h.Subscriber, h.After)
+		return proto.Empty{}, nil, nil
 	}
 	return a.dispatchFile(ctx, c, blob)
 }

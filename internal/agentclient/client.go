@@ -264,6 +264,13 @@ func (c *Client) ReadOutput(ctx context.Context, id string, after uint64, maxByt
 	return Output{ReadResult: r, Data: blob}, nil
 }
 
+// Hold keeps subscriber's place in a process's output window (it has read
+// up to after) while it reads nothing.
+func (c *Client) Hold(ctx context.Context, id, subscriber string, after uint64) error {
+	_, _, err := c.Call(ctx, proto.MethodProcHold, proto.HoldRequest{ID: id, Subscriber: subscriber, After: after}, nil)
+	return err
+}
+
 // Signal signals a process's group.
 func (c *Client) Signal(ctx context.Context, id, sig string) error {
 	_, _, err := c.Call(ctx, proto.MethodProcSignal, proto.SignalRequest{ID: id, Signal: sig}, nil)

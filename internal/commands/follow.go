@@ -35,6 +35,10 @@ type Event struct {
 	Started *proto.Process
 }
 
+// holdEvery is how often a reader busy with a slow client tells the agent
+// it is still there (the agent forgets a reader after 5 s).
+const holdEvery = time.Second
+
 // FollowAll, as the after of Follow, asks for no chunk: the agent answers
 // with a resync and the retained output.
 const FollowAll = math.MaxUint64
@@ -105,11 +109,26 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 			if n := len(out.Chunks); n > 0 {
 				after = out.Chunks[n-1].Seq
 			}
-			select {
-			case batches <- batch{out: out, after: asked}:
-			case <-rctx.Done():
-				return
+			// While the batch waits for a slow client, keep this reader's
+			// place in the agent's window (it idles out after seconds):
+			// the process waits rather than lose output (an agent from
+			// before process.hold answers an error: stop asking).
+			hold := time.NewTicker(holdEvery)
+		send:
+			for {
+				select {
+				case batches <- batch{out: out, after: asked}:
+					break send
+				case <-hold.C:
+					if err := ag.Hold(rctx, processID, sub, asked); err != nil {
+						hold.Stop()
+					}
+				case <-rctx.Done():
+					hold.Stop()
+					return
+				}
 			}
+			hold.Stop()
 			if out.Exited != nil {
 				return
 			}

@@ -16,6 +16,7 @@ const (
 	MethodProcStdin  = "process.stdin"   // ProcessRef (+ blob) → {}
 	MethodProcClose  = "process.close_stdin"
 	MethodProcResize = "process.resize" // ResizeRequest → {}
+	MethodProcHold   = "process.hold"   // HoldRequest → {}
 
 	MethodFileStat        = "file.stat"         // PathRequest → Entry
 	MethodFileList        = "file.list"         // ListRequest → EntryList
@@ -88,6 +89,16 @@ type ProcessSpec struct {
 // ProcessRef names a process.
 type ProcessRef struct {
 	ID string `json:"id"`
+}
+
+// HoldRequest tells a process's output window that Subscriber is still
+// reading (it has read up to After) though it asks for nothing now: a host
+// busy writing to a slow client keeps its place, so the process waits
+// instead of output being evicted.
+type HoldRequest struct {
+	ID         string `json:"id"`
+	Subscriber string `json:"subscriber"`
+	After      uint64 `json:"after"`
 }
 
 // StartRequest starts a pending process. With Subscriber, that reader is
