@@ -246,6 +246,15 @@ func testPathsStayInside(t *testing.T, rt string) {
 			t.Fatalf("writing into /.space/run from inside: exit %v %s %s, want refused", res.exitCode, res.stdout, res.stderr)
 		}
 		expectError(t, s.do("PUT", base+"?path=/.space/run/planted", s.token, []byte("x")), 409, "failed_precondition")
+		// A process in the sandbox dialling the agent's socket with its own
+		// agent cannot take the agent's place (#14 item 15).
+		s.runCommand(sbx, map[string]any{"command": []string{"sh", "-c", "timeout 3 /.space/agent --connect unix:/.space/run/agent.sock >/dev/null 2>&1; true"}})
+		if tr, _ := s.runCommand(sbx, map[string]any{"command": []string{"echo", "still mine"}}); string(tr.stdout) != "still mine\n" {
+			t.Fatalf("after an impostor dialled the agent socket: %q", tr.stdout)
+		}
+		if !strings.Contains(s.log(), "cannot prove the agent's key") {
+			t.Fatal("the impostor's connection was not refused")
+		}
 		left, _ := filepath.Glob(filepath.Join("/run/space-*", sbx, "*"))
 		for _, f := range left {
 			if filepath.Base(f) != "agent.sock" {

@@ -8,6 +8,7 @@ package agent
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -53,6 +54,9 @@ type Agent struct {
 	writes *writes
 	names  names
 
+	keyMu sync.Mutex // guards key
+	key   []byte     // per-boot key the host bound this agent to (memory only)
+
 	mu    sync.Mutex // guards procs
 	procs map[string]*process
 }
@@ -94,6 +98,20 @@ func (a *Agent) Close() { a.reaper.close() }
 // hello: nobody is on the other end yet.
 var ErrNoHost = errors.New("no host on the channel")
 
+// bindKey takes the key the host hands over on its first connection after
+// boot and returns the agent's key. Once bound, a different key is never
+// taken: only the first host (before any other process existed) binds.
+func (a *Agent) bindKey(bind string) []byte {
+	a.keyMu.Lock()
+	defer a.keyMu.Unlock()
+	if a.key == nil && bind != "" {
+		if k, err := hex.DecodeString(bind); err == nil && len(k) >= 16 {
+			a.key = k
+		}
+	}
+	return a.key
+}
+
 // Serve speaks the protocol on one connection until it fails or ctx ends.
 // Calls run concurrently; a call's context ends with the connection.
 
@@ -120,7 +138,11 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 				ver = v
 			}
 		}
-		if err := w.Write(proto.TypeHello, 0, proto.Hello{Version: ver, Agent: Name, Ready: ver != 0}, nil); err != nil {
+		reply := proto.Hello{Version: ver, Agent: Name, Ready: ver != 0}
+		if key := a.bindKey(hello.Bind); key != nil && hello.Nonce != "" {
+			reply.Proof = proto.Prove(key, hello.Nonce)
+		}
+		if err := w.Write(proto.TypeHello, 0, reply, nil); err != nil {
 			return fmt.Errorf("write hello: %w", err)
 		}
 		if ver == 0 {

@@ -5,6 +5,9 @@ package agentclient
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +26,7 @@ type Client struct {
 	conn  io.ReadWriteCloser
 	w     *proto.Writer
 	hello proto.Hello
+	nonce string // this connection's challenge
 
 	mu      sync.Mutex // guards nextID, pending, err
 	nextID  uint32
@@ -34,6 +38,20 @@ type Client struct {
 // Dial performs the handshake on conn and starts reading replies. The
 // client owns conn from then on.
 func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
+	return DialBind(ctx, conn, nil)
+}
+
+// DialBind is Dial that challenges the agent to prove its per-boot key (see
+// Client.Proves) and, with bind, hands an agent that holds no key yet that
+// one (the first connection after boot).
+func DialBind(ctx context.Context, conn io.ReadWriteCloser, bind []byte) (*Client, error) {
+	var nb [16]byte
+	rand.Read(nb[:])
+	nonce := hex.EncodeToString(nb[:])
+	hello := proto.Hello{Versions: []int{proto.Version}, Nonce: nonce}
+	if bind != nil {
+		hello.Bind = hex.EncodeToString(bind)
+	}
 	r, w := proto.NewReader(conn), proto.NewWriter(conn)
 	type result struct {
 		h   proto.Hello
@@ -41,7 +59,7 @@ func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		if err := w.Write(proto.TypeHello, 0, proto.Hello{Versions: []int{proto.Version}}, nil); err != nil {
+		if err := w.Write(proto.TypeHello, 0, hello, nil); err != nil {
 			res <- result{err: err}
 			return
 		}
@@ -78,13 +96,18 @@ func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("agent %q speaks no protocol version this host knows (%d)", rr.h.Agent, rr.h.Version)
 	}
-	c := &Client{conn: conn, w: w, hello: rr.h, pending: map[uint32]chan proto.Frame{}, done: make(chan struct{})}
+	c := &Client{conn: conn, w: w, hello: rr.h, nonce: nonce, pending: map[uint32]chan proto.Frame{}, done: make(chan struct{})}
 	go c.readLoop(r)
 	return c, nil
 }
 
 // Hello is what the agent said in the handshake.
 func (c *Client) Hello() proto.Hello { return c.hello }
+
+// Proves reports whether the agent proved it holds key on this connection.
+func (c *Client) Proves(key []byte) bool {
+	return c.hello.Proof != "" && hmac.Equal([]byte(c.hello.Proof), []byte(proto.Prove(key, c.nonce)))
+}
 
 // Done is closed when the connection fails or is closed.
 func (c *Client) Done() <-chan struct{} { return c.done }

@@ -2,6 +2,7 @@ package agentclient
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"net"
@@ -18,8 +19,12 @@ import (
 // and Client returns the new connection.
 type Endpoint struct {
 	path string
-	ln   net.Listener
-	log  *slog.Logger
+	// keyPath is the host-only file holding the key the sandbox's agent
+	// was bound to ("": no authentication, as for a template's VM whose
+	// memory becomes many sandboxes).
+	keyPath string
+	ln      net.Listener
+	log     *slog.Logger
 
 	mu      sync.Mutex // guards cur, changed, closed
 	cur     *Client
@@ -32,6 +37,16 @@ type Endpoint struct {
 // agent connections in the background. A path starting with "@" names an
 // abstract socket (no file).
 func Listen(path string, log *slog.Logger) (*Endpoint, error) {
+	return ListenBound(path, "", log)
+}
+
+// ListenBound is Listen with agent authentication: the first agent to
+// connect after boot is handed a fresh key (kept at keyPath, on the host
+// only); every later connection must prove it holds that key, so a process
+// inside the sandbox that dials the socket cannot take the agent's place.
+// An agent from before keys (it proves nothing on its binding connection)
+// is accepted unbound.
+func ListenBound(path, keyPath string, log *slog.Logger) (*Endpoint, error) {
 	abstract := strings.HasPrefix(path, "@")
 	if !abstract {
 		os.Remove(path)
@@ -46,7 +61,7 @@ func Listen(path string, log *slog.Logger) (*Endpoint, error) {
 			return nil, err
 		}
 	}
-	e := &Endpoint{path: path, ln: ln, log: log, changed: make(chan struct{}), done: make(chan struct{})}
+	e := &Endpoint{path: path, keyPath: keyPath, ln: ln, log: log, changed: make(chan struct{}), done: make(chan struct{})}
 	go e.accept()
 	return e, nil
 }
@@ -59,11 +74,26 @@ func (e *Endpoint) accept() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c, err := Dial(ctx, conn)
+		key, bind := e.key(), []byte(nil)
+		if key == nil && e.keyPath != "" {
+			bind = make([]byte, 32)
+			rand.Read(bind)
+		}
+		c, err := DialBind(ctx, conn, bind)
 		cancel()
 		if err != nil {
 			e.log.Warn("agent handshake failed", "socket", e.path, "err", err)
 			continue
+		}
+		switch {
+		case key != nil && !c.Proves(key):
+			e.log.Warn("refused an agent connection that cannot prove the agent's key (a process in the sandbox dialled its socket?)", "socket", e.path)
+			c.Close()
+			continue
+		case bind != nil && c.Proves(bind):
+			if err := writeKey(e.keyPath, bind); err != nil {
+				e.log.Warn("keep agent key", "err", err)
+			}
 		}
 		e.mu.Lock()
 		if e.closed {
@@ -80,6 +110,26 @@ func (e *Endpoint) accept() {
 			old.Close()
 		}
 	}
+}
+
+// key is the key the sandbox's agent was bound to (nil: not bound).
+func (e *Endpoint) key() []byte {
+	if e.keyPath == "" {
+		return nil
+	}
+	k, err := os.ReadFile(e.keyPath)
+	if err != nil || len(k) < 16 {
+		return nil
+	}
+	return k
+}
+
+func writeKey(path string, key []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, key, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // Client returns the current live connection, waiting for the agent to dial
@@ -134,7 +184,10 @@ func (e *Endpoint) Close() error {
 // the path socket(id) gives. Safe for concurrent use.
 type Endpoints struct {
 	socket func(id string) string
-	log    *slog.Logger
+	// keyFile, when set, names the host-only file of a sandbox's agent key
+	// ("" for a sandbox whose agent is not bound): see ListenBound.
+	KeyFile func(id string) string
+	log     *slog.Logger
 
 	mu sync.Mutex // guards m
 	m  map[string]*Endpoint
@@ -156,7 +209,11 @@ func (s *Endpoints) Get(id string) (*Endpoint, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	ep, err := Listen(path, s.log.With("sandbox_id", id))
+	keyPath := ""
+	if s.KeyFile != nil {
+		keyPath = s.KeyFile(id)
+	}
+	ep, err := ListenBound(path, keyPath, s.log.With("sandbox_id", id))
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -81,5 +82,81 @@ func TestWaitHangsUpOnAMuteConnection(t *testing.T) {
 	case <-hungUp:
 	default:
 		t.Fatal("the mute connection was not hung up")
+	}
+}
+
+// The first agent to connect after boot is bound to a key kept on the host;
+// later, a process that dials the socket without that key is refused (#14
+// item 15), while the agent itself — reconnecting, or after the host's
+// restart (a new endpoint reading the kept key) — is accepted.
+func TestAgentKeyRefusesAnImpostor(t *testing.T) {
+	dir := t.TempDir()
+	sock, keyPath := filepath.Join(dir, "sbx.sock"), filepath.Join(dir, "agent.key")
+	log := slog.New(slog.DiscardHandler)
+	a, err := agent.New(agent.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	connect := func() context.CancelFunc { // the genuine agent dials
+		sctx, stop := context.WithCancel(ctx)
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go a.Serve(sctx, conn)
+		return stop
+	}
+	ep, err := agentclient.ListenBound(sock, keyPath, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := connect()
+	c, err := ep.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := os.ReadFile(keyPath); err != nil || len(k) != 32 {
+		t.Fatalf("agent key not kept: %v", err)
+	}
+	// An impostor: another agent (a process in the sandbox running its own
+	// copy) with no key dials in; the genuine connection stays current.
+	impostor, _ := agent.New(agent.Config{Root: t.TempDir()})
+	defer impostor.Close()
+	iconn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { impostor.Serve(ctx, iconn); close(served) }()
+	select {
+	case <-served: // the host hung up on it
+	case <-time.After(10 * time.Second):
+		t.Fatal("the host kept an impostor's connection")
+	}
+	if cur, err := ep.Client(ctx); err != nil || cur != c {
+		t.Fatalf("the impostor took the agent's place: %v", err)
+	}
+	// The host restarts: a new endpoint with the kept key accepts the
+	// genuine agent's new connection.
+	stop()
+	ep.Close()
+	ep2, err := agentclient.ListenBound(sock, keyPath, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep2.Close()
+	defer connect()()
+	c2, err := ep2.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.Info(ctx); err != nil {
+		t.Fatalf("the genuine agent after a host restart: %v", err)
 	}
 }

@@ -19,7 +19,10 @@ package proto
 
 import (
 	"bufio"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,6 +160,22 @@ type Hello struct {
 	Agent string `json:"agent,omitempty"`
 	// Ready is true once the agent can run processes and file calls.
 	Ready bool `json:"ready,omitempty"`
+	// Nonce (host → agent) is this connection's challenge; Proof (agent →
+	// host) is Prove(key, Nonce) with the agent's per-boot key, which the
+	// host handed it in Bind (host → agent) on the first connection after
+	// boot, before any other process in the sandbox existed. A process in
+	// the sandbox that dials the host's socket cannot prove it.
+	Nonce string `json:"nonce,omitempty"`
+	Bind  string `json:"bind,omitempty"`
+	Proof string `json:"proof,omitempty"`
+}
+
+// Prove is the proof of holding key for a connection's nonce: hex
+// HMAC-SHA256(key, "space-agent\x00" + nonce).
+func Prove(key []byte, nonce string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("space-agent\x00" + nonce))
+	return hex.EncodeToString(m.Sum(nil))
 }
 
 // Call is the header of a call frame.

@@ -114,6 +114,8 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger)}
 	r.endpoints = agentclient.NewEndpoints(r.socketPath, cfg.Logger)
+	// The agent's key lives on the host only, never under /.space/run.
+	r.endpoints.KeyFile = func(id string) string { return filepath.Join(r.sandboxDir(id), "agent.key") }
 	return r, nil
 }
 

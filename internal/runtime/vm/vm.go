@@ -114,6 +114,15 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger)}
 	r.endpoints = agentclient.NewEndpoints(r.agentPath, cfg.Logger)
+	// Each sandbox's agent is bound to a key kept beside its RAM file — not
+	// a template's VM, whose memory every sandbox of the template restores
+	// (those agents are bound on their own first connection).
+	r.endpoints.KeyFile = func(id string) string {
+		if strings.HasPrefix(id, templateVMPrefix) {
+			return ""
+		}
+		return filepath.Join(r.sandboxDir(id), "agent.key")
+	}
 	r.pruneImages(ctx)
 	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
 	initramfsSum, err := r.buildInitramfs()
