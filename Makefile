@@ -11,7 +11,7 @@ export SPACE_REQUIRE_E2B_SDK ?= 1
 export SPACE_REQUIRE_VM ?= 1
 endif
 
-.PHONY: deps build serve test test-go fuzz-smoke vet
+.PHONY: deps build serve test test-go fuzz-smoke vet soak
 
 deps:
 	./scripts/install-deps
@@ -29,9 +29,15 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 test-go:
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 40m ./...
 
 fuzz-smoke:
 	./scripts/fuzz-smoke
 
 test: vet test-go fuzz-smoke
+
+# The long soak: 1,000 create/exec/write/suspend/wake/delete cycles from 8
+# clients on gVisor (make test runs a short one), and 300 server kills.
+soak:
+	SPACE_SOAK_CYCLES=1000 $(GO) test -count=1 -timeout 3h -run 'TestSoak' -v ./e2e
+	SPACE_FAULT_ITERATIONS=300 $(GO) test -count=1 -timeout 3h -run 'TestRealRuntimes/gvisor/FaultInjection' -v ./e2e

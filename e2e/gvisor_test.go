@@ -41,7 +41,7 @@ func TestRealRuntimes(t *testing.T) {
 		{"PathsStayInsideAndSandboxesIndependent", testPathsStayInside},
 		{"BenchQuick", testBenchQuick},
 		{"DeadSandboxIsFailed", testDeadSandboxIsFailed},
-		{"KilledDuringSuspendAndWake", testKilledDuringSuspendAndWake},
+		{"FaultInjection", testFaultInjection},
 		{"FailedSuspendKeepsRunning", testFailedSuspendKeepsRunning},
 	}
 	for _, rt := range realRuntimes(t) {
