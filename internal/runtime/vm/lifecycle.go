@@ -156,6 +156,27 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	return err
 }
 
+// waitEither waits up to d for okPath (true) or failPath (false) to exist.
+func waitEither(ctx context.Context, okPath, failPath string, d time.Duration) (bool, error) {
+	deadline := time.Now().Add(d)
+	for {
+		if _, err := os.Stat(okPath); err == nil {
+			return true, nil
+		}
+		if _, err := os.Stat(failPath); err == nil {
+			return false, nil
+		}
+		if time.Now().After(deadline) {
+			return false, fmt.Errorf("neither %s nor %s appeared", filepath.Base(okPath), filepath.Base(failPath))
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // lowSpace reports whether dir's file system has (almost) no space left.
 func lowSpace(dir string) bool {
 	var st syscall.Statfs_t
@@ -184,12 +205,22 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 		return err
 	}
 	tmp := statePath(spec) + ".tmp"
+	os.Remove(tmp + ".ok")
+	os.Remove(tmp + ".fail")
 	if err := q.run(ctx, qmpStep{"stop", nil}, ignoreShared,
-		qmpStep{"migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp)}}); err != nil {
+		// QEMU only knows the pipe took the stream: cat says whether the
+		// file did (a full disk), leaving tmp.ok or tmp.fail behind.
+		qmpStep{"migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp) + " && : > " + shellQuote(tmp+".ok") + " || : > " + shellQuote(tmp+".fail")}}); err != nil {
 		return err
 	}
 	if err := q.waitMigration(ctx); err != nil {
 		return err
+	}
+	ok, err := waitEither(ctx, tmp+".ok", tmp+".fail", 30*time.Second)
+	os.Remove(tmp + ".ok")
+	os.Remove(tmp + ".fail")
+	if err != nil || !ok {
+		return fmt.Errorf("write device state: %v (cat failed)", err)
 	}
 	// The device state is complete: make it the sandbox's state before
 	// QEMU goes, so a server killed from here on finds the sandbox saved
