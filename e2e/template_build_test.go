@@ -4,12 +4,15 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -128,4 +131,46 @@ func TestTemplateImportOCIGVisor(t *testing.T) {
 		t.Fatalf("sandbox from spec: %q %q", tr.stdout, tr.stderr)
 	}
 	_ = http.StatusOK
+}
+
+// An image that does not fit the server's disk (#14's disk-full build):
+// the upload or the build fails with 507 resource_exhausted — not 400 or
+// 500 — and leaves no template and nothing in the scratch area; the server
+// serves on. The templates' scratch area is an 8 MiB tmpfs the test mounts
+// (needs root).
+func TestTemplateImportOnFullDiskGVisor(t *testing.T) {
+	requireGVisor(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small file system")
+	}
+	s := startRuntimeServer(t, "gvisor")
+	scratch := filepath.Join(s.dataDir, "templates", "tmp")
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "space-e2e-buildfull", scratch).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v %s", err, out)
+	}
+	t.Cleanup(func() { syscall.Unmount(scratch, syscall.MNT_DETACH) })
+	big := make([]byte, 5<<20) // the upload fits; unpacking it does not
+	rand.Read(big) // incompressible
+	img, err := mutate.AppendLayers(empty.Image, tarLayer(t, map[string]string{"big.bin": string(big)}, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "big.tar")
+	ref, _ := name.ParseReference("example.invalid/big:v1")
+	if err := tarball.WriteToFile(archive, ref, img); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := os.ReadFile(archive)
+	op, r := s.postTemplate("application/x-tar", "?name=big&tag=v1", body)
+	switch {
+	case op == nil:
+		expectError(t, r, 507, "resource_exhausted") // the upload itself did not fit
+	case op.State != "failed" || op.Error == nil || op.Error.Code != "resource_exhausted":
+		t.Fatalf("build on a full disk = %+v", op)
+	}
+	expectError(t, s.do("GET", "/v1/templates/big:v1", s.token, nil), 404, "not_found")
+	if left, _ := os.ReadDir(scratch); len(left) != 0 {
+		t.Fatalf("the failed build left %d entries in the scratch area", len(left))
+	}
+	s.createRunning()
 }

@@ -7,6 +7,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"syscall"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -98,6 +99,10 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
 		s.fail(w, r, errdefs.New(errdefs.TooLarge, "image archive exceeds %d bytes", MaxImageUpload))
+		return
+	}
+	if err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)) {
+		s.fail(w, r, err) // the server's disk, not the client: 507
 		return
 	}
 	if err != nil {

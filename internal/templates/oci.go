@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -37,7 +38,7 @@ func (s *Store) ImportOCI(ctx context.Context, archive, name, tag string, progre
 	defer os.RemoveAll(scratch)
 	img, err := openImage(archive, scratch)
 	if err != nil {
-		return Template{}, errdefs.Wrap(errdefs.InvalidArgument, err, "not a docker-save or OCI layout image archive: %v", err)
+		return Template{}, archiveError(err, "not a docker-save or OCI layout image archive: %v", err)
 	}
 	cfg, err := img.ConfigFile()
 	if err != nil {
@@ -53,7 +54,7 @@ func (s *Store) ImportOCI(ctx context.Context, archive, name, tag string, progre
 	rc.Close()
 	if err != nil {
 		s.Discard(dir)
-		return Template{}, errdefs.Wrap(errdefs.InvalidArgument, err, "image layers: %v", err)
+		return Template{}, archiveError(err, "image layers: %v", err)
 	}
 	m := meta{Workdir: cfg.Config.WorkingDir}
 	for _, kv := range cfg.Config.Env {
@@ -65,6 +66,15 @@ func (s *Store) ImportOCI(ctx context.Context, archive, name, tag string, progre
 		}
 	}
 	return s.commitMeta(ctx, dir, name, tag, "oci", m)
+}
+
+// archiveError is a failed import: the archive's fault (InvalidArgument),
+// unless the server's disk filled up unpacking it (507 resource_exhausted).
+func archiveError(err error, format string, args ...any) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return errdefs.Wrap(errdefs.InsufficientStorage, err, "the server's storage is full: the image does not fit; nothing of it was kept")
+	}
+	return errdefs.Wrap(errdefs.InvalidArgument, err, format, args...)
 }
 
 // openImage reads a docker-save tarball, or else a tar of an OCI layout
