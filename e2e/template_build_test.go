@@ -150,7 +150,7 @@ func TestTemplateImportOnFullDiskGVisor(t *testing.T) {
 	}
 	t.Cleanup(func() { syscall.Unmount(scratch, syscall.MNT_DETACH) })
 	big := make([]byte, 5<<20) // the upload fits; unpacking it does not
-	rand.Read(big) // incompressible
+	rand.Read(big)             // incompressible
 	img, err := mutate.AppendLayers(empty.Image, tarLayer(t, map[string]string{"big.bin": string(big)}, nil, nil))
 	if err != nil {
 		t.Fatal(err)
