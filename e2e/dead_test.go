@@ -250,7 +250,9 @@ func testFaultInjection(t *testing.T, rt string) {
 		if sb.State == "failed" || op.State != "succeeded" {
 			lost++
 			t.Errorf("iteration %d: %s of %s killed after %v: operation %s %+v, sandbox %s %+v", i, action, id, d, op.State, op.Error, sb.State, sb.Error)
-			delete(live, id)
+			if sb.State != "deleted" { // it still must leave nothing behind
+				live[id] = sb.State
+			}
 			continue
 		}
 		live[id] = sb.State
@@ -261,6 +263,10 @@ func testFaultInjection(t *testing.T, rt string) {
 	t.Logf("fault injection on %s: %d iterations, %d server kills, %d sandboxes lost", rt, iterations, kills, lost)
 	// Every sandbox that is left still has its file and its process.
 	for id, st := range live {
+		if st == "failed" {
+			s.lifecycle(id, "delete", "deleted")
+			continue
+		}
 		if st != "running" {
 			s.lifecycle(id, "wake", "running")
 		}

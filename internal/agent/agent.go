@@ -138,7 +138,9 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 				ver = v
 			}
 		}
-		reply := proto.Hello{Version: ver, Agent: Name, Ready: ver != 0}
+		// The nonce is echoed: on a channel that outlives its host (a VM's
+		// serial port) the host tells this answer from a stale one.
+		reply := proto.Hello{Version: ver, Agent: Name, Ready: ver != 0, Nonce: hello.Nonce}
 		if key := a.bindKey(hello.Bind); key != nil && hello.Nonce != "" {
 			reply.Proof = proto.Prove(key, hello.Nonce)
 		}

@@ -67,7 +67,9 @@ func DialBind(ctx context.Context, conn io.ReadWriteCloser, bind []byte) (*Clien
 		// Replies of an earlier session may still be on their way (a
 		// channel that outlived its host, as a VM's serial port does):
 		// they come before the hello and are skipped.
-		for skipped := 0; err == nil && f.Type == proto.TypeReply && skipped < 1024; skipped++ {
+		// So may the hello answering an earlier host's challenge: an agent
+		// echoes the nonce it answers (one from before nonces echoes none).
+		for skipped := 0; err == nil && skipped < 1024 && (f.Type == proto.TypeReply || staleHello(f, nonce)); skipped++ {
 			f, err = r.Read()
 		}
 		if err != nil {
@@ -99,6 +101,12 @@ func DialBind(ctx context.Context, conn io.ReadWriteCloser, bind []byte) (*Clien
 	c := &Client{conn: conn, w: w, hello: rr.h, nonce: nonce, pending: map[uint32]chan proto.Frame{}, done: make(chan struct{})}
 	go c.readLoop(r)
 	return c, nil
+}
+
+// staleHello reports whether f is an agent's hello answering another nonce.
+func staleHello(f proto.Frame, nonce string) bool {
+	var h proto.Hello
+	return f.Type == proto.TypeHello && json.Unmarshal(f.Header, &h) == nil && h.Nonce != "" && h.Nonce != nonce
 }
 
 // Hello is what the agent said in the handshake.

@@ -160,7 +160,8 @@ type Hello struct {
 	Agent string `json:"agent,omitempty"`
 	// Ready is true once the agent can run processes and file calls.
 	Ready bool `json:"ready,omitempty"`
-	// Nonce (host → agent) is this connection's challenge; Proof (agent →
+	// Nonce (host → agent) is this connection's challenge (the agent echoes
+	// it, so a stale answer on a lasting channel is told apart); Proof (agent →
 	// host) is Prove(key, Nonce) with the agent's per-boot key, which the
 	// host handed it in Bind (host → agent) on the first connection after
 	// boot, before any other process in the sandbox existed. A process in

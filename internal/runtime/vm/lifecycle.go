@@ -31,11 +31,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 
 func (r *Runtime) create(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	if r.qemuPID(id) != 0 {
-		if err := r.waitAgent(ctx, id); err == nil {
+	if r.qemuPID(id) != 0 && r.vmRunning(ctx, id) {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := r.waitAgent(wctx, id)
+		cancel()
+		if err == nil {
 			return nil // made by an earlier attempt
 		}
 	}
+	// Anything else an earlier attempt left (a QEMU still waiting for its
+	// incoming state, or never continued) is made again.
 	r.reset(ctx, id)
 	if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
 		return err
@@ -156,6 +161,18 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	return err
 }
 
+// vmRunning reports whether the sandbox's QEMU answers QMP with its guest
+// running.
+func (r *Runtime) vmRunning(ctx context.Context, id string) bool {
+	q, err := r.qmp(ctx, id)
+	if err != nil {
+		return false
+	}
+	defer q.close()
+	st, err := q.status(ctx)
+	return err == nil && st == "running"
+}
+
 // waitEither waits up to d for okPath (true) or failPath (false) to exist.
 func waitEither(ctx context.Context, okPath, failPath string, d time.Duration) (bool, error) {
 	deadline := time.Now().Add(d)
@@ -194,7 +211,10 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 	defer q.close()
 	// Close the agent channel while the guest runs, so the agent sees the
 	// host leave at a frame boundary and waits for the next hello.
-	if st, _ := q.status(ctx); st == "paused" {
+	// A paused VM runs on for the moment it takes; so does one a killed
+	// server had already migrated ("postmigrate": QEMU will not migrate it
+	// again before it runs).
+	if st, _ := q.status(ctx); st == "paused" || st == "postmigrate" {
 		if _, err := q.execute(ctx, "cont", nil); err != nil {
 			return err
 		}
