@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -93,6 +94,9 @@ type Runtime struct {
 	endpoints *agentclient.Endpoints
 	// exits notices a sandbox's process ending unexpectedly.
 	exits *exitwatch.Watcher
+	// earlierChecked holds the sandboxes checked for a runsc a previous
+	// server left running on them (awaitEarlierRunsc).
+	earlierChecked sync.Map
 
 	// firstStart serialises starts of sandboxes without a network until
 	// runsc has made its shared empty network-namespace mount; concurrent
@@ -158,16 +162,28 @@ func (r *Runtime) Close() {
 // outside, and when the host's OOM killer takes it at the memory limit.
 func (r *Runtime) OnExit(f func(runtime.Exit)) { r.exits.OnExit(f) }
 
-// watch starts watching a running sandbox's process.
-func (r *Runtime) watch(ctx context.Context, spec runtime.Spec) {
+// watch starts watching a running sandbox's process: the one runsc named
+// in its pid file when it started it (no runsc call on the create and wake
+// path), else the one `runsc state` names (a sandbox a previous server
+// started, or one a failed --leave-running checkpoint restarted).
+func (r *Runtime) watch(ctx context.Context, spec runtime.Spec, fromPidFile bool) {
 	id := spec.SandboxID
-	st, err := r.state(ctx, spec)
-	if err != nil || st == nil || st.PID <= 0 {
-		r.log.Warn("gvisor: cannot watch the sandbox's process", "sandbox_id", id, "err", err)
-		return
+	pid := 0
+	if fromPidFile {
+		if b, err := os.ReadFile(r.pidPath(id)); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+	}
+	if pid <= 0 {
+		st, err := r.state(ctx, spec)
+		if err != nil || st == nil || st.PID <= 0 {
+			r.log.Warn("gvisor: cannot watch the sandbox's process", "sandbox_id", id, "err", err)
+			return
+		}
+		pid = st.PID
 	}
 	mem := spec.Resources.MemoryMiB
-	err = r.exits.Watch(id, st.PID, func() (string, string) {
+	err := r.exits.Watch(id, pid, func() (string, string) {
 		if exitwatch.OOMKilled("space/" + id) {
 			return runtime.ExitOutOfMemory, fmt.Sprintf("the sandbox reached its memory limit (%d MiB) and was killed", mem)
 		}
@@ -213,6 +229,7 @@ func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.cfg.Dir,
 func (r *Runtime) bundleDir(id string) string  { return filepath.Join(r.sandboxDir(id), "bundle") }
 func (r *Runtime) upperDir(id string) string   { return filepath.Join(r.sandboxDir(id), "upper") }
 func (r *Runtime) socketDir(id string) string  { return filepath.Join(r.cfg.SocketDir, id) }
+func (r *Runtime) pidPath(id string) string    { return filepath.Join(r.sandboxDir(id), "sandbox.pid") }
 func (r *Runtime) socketPath(id string) string { return filepath.Join(r.socketDir(id), "agent.sock") }
 
 // globalFlags must be identical for every runsc command on a sandbox:

@@ -74,32 +74,41 @@ func newestCheckpoint(dir string) string {
 	return best
 }
 
-// waitForRunsc waits until no `runsc <verb> … <id>` process runs (one a
-// killed server started lives on), or ctx ends.
-func waitForRunsc(ctx context.Context, id, verb string) error {
-	for {
-		found := false
-		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-		for _, p := range procs {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				continue
-			}
-			args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-			if len(args) > 1 && strings.Contains(args[0], "runsc") && slices.Contains(args, verb) && args[len(args)-1] == id {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return nil
-		}
+// awaitEarlierRunsc waits until no `runsc checkpoint|restore … <id>` a
+// killed server started on the sandbox still runs, then lets the caller look
+// at what it left. Only a previous server's runsc can be in flight (the
+// engine runs one operation per sandbox at a time), so the process table is
+// scanned once per sandbox per server, not on every suspend and wake.
+func (r *Runtime) awaitEarlierRunsc(ctx context.Context, id string) error {
+	if _, done := r.earlierChecked.Load(id); done {
+		return nil
+	}
+	for runscRunning(id, "checkpoint", "restore") {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for an earlier runsc %s of %s: %w", verb, id, ctx.Err())
+			return fmt.Errorf("wait for an earlier server's runsc on %s: %w", id, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	r.earlierChecked.Store(id, true)
+	return nil
+}
+
+// runscRunning reports whether a `runsc <verb> … <id>` process runs for one
+// of verbs.
+func runscRunning(id string, verbs ...string) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) > 1 && strings.Contains(args[0], "runsc") && args[len(args)-1] == id && slices.ContainsFunc(verbs, func(v string) bool { return slices.Contains(args, v) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // Create boots a sandbox and waits for its agent. A half-made sandbox of the
@@ -114,7 +123,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 			return err
 		}
 		if st != nil && st.Status == "running" {
-			return r.ready(ctx, spec)
+			return r.ready(ctx, spec, false)
 		}
 		if err := r.destroy(ctx, spec); err != nil {
 			return err
@@ -130,18 +139,19 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 	if _, err := r.endpoint(id); err != nil {
 		return err
 	}
-	if err := r.start(ctx, spec, "run", "--detach", "--bundle", r.bundleDir(id), id); err != nil {
+	if err := r.start(ctx, spec, "run", "--detach", "--pid-file", r.pidPath(id), "--bundle", r.bundleDir(id), id); err != nil {
 		return err
 	}
-	return r.ready(ctx, spec)
+	return r.ready(ctx, spec, true)
 }
 
-// ready waits for a started sandbox's agent and starts watching its process.
-func (r *Runtime) ready(ctx context.Context, spec runtime.Spec) error {
+// ready waits for a sandbox's agent and starts watching its process;
+// started says runsc just started it (so its pid file is fresh).
+func (r *Runtime) ready(ctx context.Context, spec runtime.Spec, started bool) error {
 	if err := r.waitAgent(ctx, spec.SandboxID); err != nil {
 		return err
 	}
-	r.watch(ctx, spec)
+	r.watch(ctx, spec, started)
 	return nil
 }
 
@@ -179,7 +189,7 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	id, dir := spec.SandboxID, spec.SnapshotDir
 	// A checkpoint a killed server started runs on: let it finish, then
 	// look at what it left.
-	if err := waitForRunsc(ctx, id, "checkpoint"); err != nil {
+	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
 		return err
 	}
 	st, err := r.state(ctx, spec)
@@ -230,7 +240,7 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 		if wasPaused {
 			r.runsc(ctx, spec, "pause", id)
 		}
-		r.watch(ctx, spec)
+		r.watch(ctx, spec, false)
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to save the sandbox; it runs on as before")
 		}
@@ -268,20 +278,20 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 // Restore brings a suspended sandbox back from spec.SnapshotDir.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	if err := waitForRunsc(ctx, id, "restore"); err != nil {
+	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
 		return err
 	}
 	gdir := snapshotGen(spec.SnapshotDir)
 	if gdir == "" {
 		if st, err := r.state(ctx, spec); err == nil && st != nil && st.Status == "running" {
-			return r.ready(ctx, spec) // restored already
+			return r.ready(ctx, spec, false) // restored already
 		}
 		return fmt.Errorf("restore %s: no complete snapshot: %w", id, runtime.ErrNotFound)
 	}
 	if _, err := r.endpoint(id); err != nil {
 		return err
 	}
-	err := r.start(ctx, spec, "restore", "--detach", "--background", "--image-path", gdir, "--bundle", r.bundleDir(id), id)
+	err := r.start(ctx, spec, "restore", "--detach", "--background", "--pid-file", r.pidPath(id), "--image-path", gdir, "--bundle", r.bundleDir(id), id)
 	if err != nil {
 		// Only now look closer: restored already (a retry), or a stale
 		// container of the same id in the way.
@@ -290,16 +300,16 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 		case serr != nil:
 			return errors.Join(err, serr)
 		case st != nil && st.Status == "running":
-			return r.ready(ctx, spec)
+			return r.ready(ctx, spec, false)
 		case st != nil:
 			r.runsc(ctx, spec, "delete", "--force", id)
-			err = r.start(ctx, spec, "restore", "--detach", "--background", "--image-path", gdir, "--bundle", r.bundleDir(id), id)
+			err = r.start(ctx, spec, "restore", "--detach", "--background", "--pid-file", r.pidPath(id), "--image-path", gdir, "--bundle", r.bundleDir(id), id)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	if err := r.ready(ctx, spec); err != nil {
+	if err := r.ready(ctx, spec, true); err != nil {
 		return err
 	}
 	// The sandbox runs again: this generation is no longer the state to
@@ -317,6 +327,7 @@ func (r *Runtime) Delete(ctx context.Context, spec runtime.Spec) error {
 func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	r.exits.Stop(id)
+	r.earlierChecked.Delete(id)
 	r.closeEndpoint(id)
 	if st, err := r.state(ctx, spec); err != nil {
 		return err
@@ -355,13 +366,13 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		if _, err := r.endpoint(spec.SandboxID); err != nil {
 			return "", err
 		}
-		r.watch(ctx, spec)
+		r.watch(ctx, spec, false)
 		return runtime.StatusRunning, nil
 	case st != nil && st.Status == "paused":
 		if _, err := r.endpoint(spec.SandboxID); err != nil {
 			return "", err
 		}
-		r.watch(ctx, spec)
+		r.watch(ctx, spec, false)
 		return runtime.StatusPaused, nil
 	case snapshotComplete(spec.SnapshotDir):
 		return runtime.StatusSuspended, nil
