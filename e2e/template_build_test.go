@@ -51,6 +51,21 @@ func tarLayer(t *testing.T, files map[string]string, links map[string]string, bi
 	return l
 }
 
+// imageArchive is img as a docker-save archive tagged ref.
+func imageArchive(t *testing.T, img v1.Image, ref string) []byte {
+	t.Helper()
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	r, _ := name.ParseReference(ref)
+	if err := tarball.WriteToFile(archive, r, img); err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
 // waitBuild polls a build operation to its end.
 func (s *server) postTemplate(contentType, query string, body []byte) (*client.Operation, reply) {
 	s.t.Helper()
@@ -80,12 +95,7 @@ func TestTemplateImportOCIGVisor(t *testing.T) {
 	cfg = cfg.DeepCopy()
 	cfg.Config.Env = []string{"PATH=/bin", "FROM_IMAGE=yes"}
 	img, _ = mutate.ConfigFile(img, cfg)
-	archive := filepath.Join(t.TempDir(), "image.tar")
-	ref, _ := name.ParseReference("example.invalid/e2e:v1")
-	if err := tarball.WriteToFile(archive, ref, img); err != nil {
-		t.Fatal(err)
-	}
-	body, _ := os.ReadFile(archive)
+	body := imageArchive(t, img, "example.invalid/e2e:v1")
 	op, r := s.postTemplate("application/x-tar", "?name=imported&tag=v1", body)
 	if op == nil || op.State != "succeeded" || op.Kind != "build" {
 		t.Fatalf("import = %s %+v", r.body, op)
@@ -155,12 +165,7 @@ func TestTemplateImportOnFullDiskGVisor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	archive := filepath.Join(t.TempDir(), "big.tar")
-	ref, _ := name.ParseReference("example.invalid/big:v1")
-	if err := tarball.WriteToFile(archive, ref, img); err != nil {
-		t.Fatal(err)
-	}
-	body, _ := os.ReadFile(archive)
+	body := imageArchive(t, img, "example.invalid/big:v1")
 	op, r := s.postTemplate("application/x-tar", "?name=big&tag=v1", body)
 	switch {
 	case op == nil:

@@ -96,41 +96,40 @@ func cleanPath(p string) (string, error) {
 
 // fileError maps a file system error to a call error.
 func fileError(op, p string, err error) error {
-	switch {
-	case errors.Is(err, syscall.ENOTEMPTY): // before ErrExist, which it also matches
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: directory not empty", op, p)
-	case errors.Is(err, fs.ErrNotExist):
-		return proto.Errorf(proto.CodeNotFound, "%s %s: no such file or directory", op, p)
-	case errors.Is(err, fs.ErrExist):
-		return proto.Errorf(proto.CodeAlreadyExists, "%s %s: already exists", op, p)
-	case errors.Is(err, fs.ErrPermission):
-		return proto.Errorf(proto.CodePermissionDenied, "%s %s: permission denied", op, p)
-	case errors.Is(err, syscall.ENOTDIR):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: not a directory", op, p)
-	case errors.Is(err, syscall.EISDIR):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: is a directory", op, p)
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return proto.Errorf(proto.CodeResourceExhausted, "%s %s: no space left", op, p)
-	case errors.Is(err, syscall.EROFS):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: read-only file system", op, p)
-	case errors.Is(err, syscall.EBUSY):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: busy (a mount point, or in use)", op, p)
-	case errors.Is(err, syscall.ETXTBSY):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: a running program's file", op, p)
-	case errors.Is(err, syscall.EXDEV):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: source and destination are on different file systems", op, p)
-	case errors.Is(err, syscall.ELOOP):
-		return proto.Errorf(proto.CodeFailedPrecondition, "%s %s: too many levels of symbolic links", op, p)
-	case errors.Is(err, syscall.ENAMETOOLONG):
-		return proto.Errorf(proto.CodeInvalidArgument, "%s %s: name too long", op, p)
-	case errors.Is(err, syscall.EFBIG):
-		return proto.Errorf(proto.CodeResourceExhausted, "%s %s: file too large", op, p)
-	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE), errors.Is(err, syscall.EMLINK):
-		return proto.Errorf(proto.CodeResourceExhausted, "%s %s: too many open files or links", op, p)
-	case strings.Contains(err.Error(), "escapes from parent") || strings.Contains(err.Error(), "path escapes"):
+	for _, m := range fileErrors {
+		for _, e := range m.errs {
+			if errors.Is(err, e) {
+				return proto.Errorf(m.code, "%s %s: %s", op, p, m.what)
+			}
+		}
+	}
+	if strings.Contains(err.Error(), "escapes from parent") || strings.Contains(err.Error(), "path escapes") {
 		return proto.Errorf(proto.CodePermissionDenied, "%s %s: path leaves the sandbox root", op, p)
 	}
 	return proto.Errorf(proto.CodeInternal, "%s %s: %v", op, p, err)
+}
+
+// fileErrors are the expected file system errors and what a caller is told,
+// first match wins (ENOTEMPTY before fs.ErrExist, which it also matches).
+var fileErrors = []struct {
+	errs       []error
+	code, what string
+}{
+	{[]error{syscall.ENOTEMPTY}, proto.CodeFailedPrecondition, "directory not empty"},
+	{[]error{fs.ErrNotExist}, proto.CodeNotFound, "no such file or directory"},
+	{[]error{fs.ErrExist}, proto.CodeAlreadyExists, "already exists"},
+	{[]error{fs.ErrPermission}, proto.CodePermissionDenied, "permission denied"},
+	{[]error{syscall.ENOTDIR}, proto.CodeFailedPrecondition, "not a directory"},
+	{[]error{syscall.EISDIR}, proto.CodeFailedPrecondition, "is a directory"},
+	{[]error{syscall.ENOSPC, syscall.EDQUOT}, proto.CodeResourceExhausted, "no space left"},
+	{[]error{syscall.EROFS}, proto.CodeFailedPrecondition, "read-only file system"},
+	{[]error{syscall.EBUSY}, proto.CodeFailedPrecondition, "busy (a mount point, or in use)"},
+	{[]error{syscall.ETXTBSY}, proto.CodeFailedPrecondition, "a running program's file"},
+	{[]error{syscall.EXDEV}, proto.CodeFailedPrecondition, "source and destination are on different file systems"},
+	{[]error{syscall.ELOOP}, proto.CodeFailedPrecondition, "too many levels of symbolic links"},
+	{[]error{syscall.ENAMETOOLONG}, proto.CodeInvalidArgument, "name too long"},
+	{[]error{syscall.EFBIG}, proto.CodeResourceExhausted, "file too large"},
+	{[]error{syscall.EMFILE, syscall.ENFILE, syscall.EMLINK}, proto.CodeResourceExhausted, "too many open files or links"},
 }
 
 func (a *Agent) entry(p string, fi fs.FileInfo) proto.Entry {

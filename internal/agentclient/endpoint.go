@@ -184,7 +184,7 @@ func (e *Endpoint) Close() error {
 // the path socket(id) gives. Safe for concurrent use.
 type Endpoints struct {
 	socket func(id string) string
-	// keyFile, when set, names the host-only file of a sandbox's agent key
+	// KeyFile, when set, names the host-only file of a sandbox's agent key
 	// ("" for a sandbox whose agent is not bound): see ListenBound.
 	KeyFile func(id string) string
 	log     *slog.Logger

@@ -43,14 +43,11 @@ func (l *Limited) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.max > 0 && l.open.Add(1) > l.max {
+		if n := l.open.Add(1); l.max > 0 && n > l.max {
 			l.open.Add(-1)
 			l.refused.Add(1)
 			c.Close()
 			continue
-		}
-		if l.max <= 0 {
-			l.open.Add(1)
 		}
 		return &conn{Conn: c, l: l}, nil
 	}
