@@ -300,9 +300,7 @@ func testFaultInjection(t *testing.T, rt string) {
 // the operation failed with the reason (#14 item 4). The snapshots live on a
 // 64 MiB tmpfs the test mounts (needs root).
 func testFailedSuspendKeepsRunning(t *testing.T, rt string) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small file system")
-	}
+	requireRoot(t)
 	s := startRuntimeServer(t, rt)
 	snaps := filepath.Join(s.dataDir, "snapshots")
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "space-e2e-snapfull", snaps).CombinedOutput(); err != nil {

@@ -89,6 +89,17 @@ func requireVM(t *testing.T) {
 	}
 }
 
+// requireRoot skips (or, in CI, fails) a test that must mount a file system.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI runs as root, but this test runs without it: it mounts a small file system")
+		}
+		t.Skip("needs root to mount a small file system")
+	}
+}
+
 // requireGVisor skips (or, in CI, fails) a gVisor-only test.
 func requireGVisor(t *testing.T) {
 	t.Helper()

@@ -16,9 +16,7 @@ import (
 // space is freed (#14 item 10). The data directory is a 16 MiB tmpfs the
 // test mounts (needs root).
 func TestFullDataDirIsNotInternal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small file system")
-	}
+	requireRoot(t)
 	dir := filepath.Join(t.TempDir(), "data")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)

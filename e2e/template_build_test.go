@@ -150,9 +150,7 @@ func TestTemplateImportOCIGVisor(t *testing.T) {
 // (needs root).
 func TestTemplateImportOnFullDiskGVisor(t *testing.T) {
 	requireGVisor(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small file system")
-	}
+	requireRoot(t)
 	s := startRuntimeServer(t, "gvisor")
 	scratch := filepath.Join(s.dataDir, "templates", "tmp")
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "space-e2e-buildfull", scratch).CombinedOutput(); err != nil {
