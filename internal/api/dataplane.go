@@ -34,7 +34,7 @@ type DataPlane struct {
 // DataPlaneConfig wires a DataPlane.
 type DataPlaneConfig struct {
 	Commands *commands.Service
-	Store    store.Store
+	Store    store.Idempotency
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
 	BootID   string

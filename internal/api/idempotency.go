@@ -63,7 +63,7 @@ func (i *idem) render(status int, location func(*sandbox.Sandbox, *sandbox.Opera
 
 // idempotency coordinates keys in the store with waiters in this process.
 type idempotency struct {
-	store store.Store
+	store store.Idempotency
 	owner string // this process's boot id
 	now   func() time.Time
 
@@ -71,7 +71,7 @@ type idempotency struct {
 	waiters map[string]chan struct{}
 }
 
-func newIdempotency(s store.Store, owner string) *idempotency {
+func newIdempotency(s store.Idempotency, owner string) *idempotency {
 	return &idempotency{store: s, owner: owner, now: func() time.Time { return time.Now().UTC() }, waiters: map[string]chan struct{}{}}
 }
 

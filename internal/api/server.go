@@ -30,7 +30,7 @@ import (
 type Config struct {
 	Engine   *lifecycle.Engine
 	Commands *commands.Service
-	Store    store.Store
+	Store    Store
 	Tokens   *auth.Tokens
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
@@ -44,6 +44,13 @@ type Config struct {
 	DataDir string
 }
 
+// Store is what the control plane keeps in the database itself: idempotency
+// records, and a read that says the database answers (readiness).
+type Store interface {
+	store.Idempotency
+	Ping(ctx context.Context) error
+}
+
 // TemplateLister is what the API needs of the template store.
 type TemplateLister interface {
 	List(ctx context.Context) ([]templates.Template, error)
@@ -54,7 +61,7 @@ type TemplateLister interface {
 type Server struct {
 	engine    *lifecycle.Engine
 	commands  *commands.Service
-	store     store.Store
+	store     Store
 	tokens    *auth.Tokens
 	metrics   *metrics.Metrics
 	log       *slog.Logger
@@ -203,7 +210,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) {
 	if err == nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		_, err = s.store.ListSandboxes(ctx, store.SandboxQuery{Limit: 1})
+		err = s.store.Ping(ctx)
 	}
 	if err == nil && s.dataDir != "" {
 		err = probeWritable(s.dataDir)

@@ -34,7 +34,7 @@ func Hash(value string) string {
 
 // Tokens manages API tokens in a store.
 type Tokens struct {
-	store store.Store
+	store store.Tokens
 	now   func() time.Time
 	// cacheTTL bounds how long a positive check is trusted without reading
 	// the store again (so a revoke takes effect within it).
@@ -50,7 +50,7 @@ type cached struct {
 }
 
 // New returns a token manager over s.
-func New(s store.Store) *Tokens {
+func New(s store.Tokens) *Tokens {
 	return &Tokens{store: s, now: func() time.Time { return time.Now().UTC() }, cacheTTL: time.Second, cache: map[string]cached{}}
 }
 

@@ -21,6 +21,13 @@ import (
 	"github.com/spacesandbox/space/internal/store"
 )
 
+// Store is what the engine keeps in the database: sandboxes with their
+// operations, and warm pools.
+type Store interface {
+	store.Sandboxes
+	store.Pools
+}
+
 // Templates resolves a template reference to the digest a sandbox records.
 type Templates interface {
 	// Resolve returns the reference and its digest; errdefs.NotFound when
@@ -50,7 +57,7 @@ type Observer interface {
 
 // Config wires an Engine.
 type Config struct {
-	Store    store.Store
+	Store    Store
 	Runtimes []runtime.Runtime
 	// DefaultRuntime names the runtime used when a create names none; empty
 	// means the first of Runtimes.
@@ -107,7 +114,7 @@ func (c *Config) Validate() error {
 // Engine runs lifecycle operations. Create it with New, then Start it.
 type Engine struct {
 	cfg      Config
-	store    store.Store
+	store    Store
 	runtimes map[string]runtime.Runtime
 	log      *slog.Logger
 	now      func() time.Time

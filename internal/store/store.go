@@ -1,5 +1,6 @@
-// Package store defines how SPACE records its durable state — sandboxes,
-// operations, idempotency records and API tokens — behind one Store interface.
+// Package store defines how SPACE records its durable state — sandboxes and
+// operations, warm pools, idempotency records and API tokens — as one role
+// interface each, composed into Store.
 // Implementations live in subpackages (sqlite); every implementation must pass
 // the conformance suite in storetest.
 package store
@@ -15,10 +16,23 @@ import (
 	"github.com/spacesandbox/space/internal/sandbox"
 )
 
-// Store is the durable state of a SPACE control plane. Every method is safe for
-// concurrent use. Methods that change a sandbox and its operation do so in one
-// transaction, so a crash never leaves one without the other.
+// Store is the durable state of a SPACE control plane: every role below on
+// one database. Every method is safe for concurrent use. Methods that change a
+// sandbox and its operation do so in one transaction, so a crash never leaves
+// one without the other. Consumers take the role they use, not the Store.
 type Store interface {
+	Sandboxes
+	Pools
+	Idempotency
+	Tokens
+	// Ping checks the database answers a read (readiness).
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// Sandboxes records sandboxes and the operations that change them (and
+// operations of no sandbox, such as template builds).
+type Sandboxes interface {
 	// CreateSandbox records a new sandbox and its create operation, and
 	// completes idem (when non-nil) in the same transaction. When maxActive
 	// > 0 and that many sandboxes are already active (neither deleted nor
@@ -53,6 +67,15 @@ type Store interface {
 	// UpdateSandbox applies mutate to a sandbox in one transaction; an error
 	// from mutate leaves it unchanged. It returns the updated sandbox.
 	UpdateSandbox(ctx context.Context, id string, mutate func(sb *sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	// CountSandboxes counts sandboxes by state, separately for warm-pool
+	// sandboxes (pooled=true) and users' (deleted ones are not counted).
+	CountSandboxes(ctx context.Context) ([]SandboxCount, error)
+	// TouchSandbox sets a sandbox's last_active_at.
+	TouchSandbox(ctx context.Context, id string, at time.Time) error
+}
+
+// Pools records warm-pool settings and claims pool sandboxes.
+type Pools interface {
 	// ClaimPoolSandbox takes one running, idle sandbox of pool in one
 	// transaction: claim turns it into the user's sandbox and returns the
 	// create operation to record; idem is completed with it. NotFound when
@@ -64,12 +87,10 @@ type Store interface {
 	// (0 drains the pool); WarmPools lists the settings.
 	SetWarmPool(ctx context.Context, template string, minReady int) error
 	WarmPools(ctx context.Context) (map[string]int, error)
-	// CountSandboxes counts sandboxes by state, separately for warm-pool
-	// sandboxes (pooled=true) and users' (deleted ones are not counted).
-	CountSandboxes(ctx context.Context) ([]SandboxCount, error)
-	// TouchSandbox sets a sandbox's last_active_at.
-	TouchSandbox(ctx context.Context, id string, at time.Time) error
+}
 
+// Idempotency records idempotency keys and the responses they replay.
+type Idempotency interface {
 	// ReserveIdempotencyKey records key as in flight for owner unless it
 	// exists. It returns the existing record (reserved=false) or the new one.
 	ReserveIdempotencyKey(ctx context.Context, r IdempotencyRecord) (rec *IdempotencyRecord, reserved bool, err error)
@@ -84,7 +105,10 @@ type Store interface {
 	// and in-flight reservations held by any owner other than liveOwner (their
 	// process is gone and its transaction never committed).
 	PruneIdempotencyKeys(ctx context.Context, now time.Time, liveOwner string) (int, error)
+}
 
+// Tokens records API tokens (their hashes, never their values).
+type Tokens interface {
 	// CreateToken stores an API token (its hash, never its value).
 	CreateToken(ctx context.Context, t *Token) error
 	// TokenByHash returns the token with hash h, errdefs.NotFound when none.
@@ -95,8 +119,6 @@ type Store interface {
 	ListTokens(ctx context.Context) ([]Token, error)
 	// RevokeToken marks a token revoked; NotFound when there is none.
 	RevokeToken(ctx context.Context, id string, at time.Time) error
-
-	Close() error
 }
 
 // Finish is the terminal outcome of an operation.
@@ -128,7 +150,7 @@ type SandboxQuery struct {
 // EachSandbox calls fn for every sandbox in state (empty: every state but
 // deleted), warm-pool sandboxes included, one page at a time. It stops at
 // the first error listing a page.
-func EachSandbox(ctx context.Context, st Store, state sandbox.State, fn func(*sandbox.Sandbox)) error {
+func EachSandbox(ctx context.Context, st Sandboxes, state sandbox.State, fn func(*sandbox.Sandbox)) error {
 	q := SandboxQuery{State: state, Limit: MaxLimit, IncludePool: true}
 	for {
 		page, err := st.ListSandboxes(ctx, q)

@@ -1,0 +1,103 @@
+package sqlite
+
+// This file is store.Pools: warm-pool settings and claims.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+func (s *Store) ClaimPoolSandbox(ctx context.Context, pool string, claim func(*sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error)) (*sandbox.Sandbox, *sandbox.Operation, error) {
+	var sb *sandbox.Sandbox
+	var op *sandbox.Operation
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var id string
+		err := tx.QueryRowContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state = 'running' AND active_op = '' ORDER BY seq LIMIT 1`, pool).Scan(&id)
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.New(errdefs.NotFound, "warm pool %s has no ready sandbox", pool)
+		}
+		if err != nil {
+			return fmt.Errorf("find pool sandbox: %w", err)
+		}
+		if sb, err = getSandbox(ctx, tx, id); err != nil {
+			return err
+		}
+		var idem *store.Completion
+		if op, idem, err = claim(sb); err != nil {
+			return err
+		}
+		sb.Pool = ""
+		if err := updateSandbox(ctx, tx, sb); err != nil {
+			return err
+		}
+		if err := insertOperation(ctx, tx, op); err != nil {
+			return err
+		}
+		return completeIdem(ctx, tx, idem)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return sb, op, nil
+}
+
+func (s *Store) PoolSandboxes(ctx context.Context, pool string) ([]sandbox.Sandbox, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state != 'deleted' ORDER BY seq`, pool)
+	if err != nil {
+		return nil, fmt.Errorf("list pool: %w", err)
+	}
+	var idsList []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		idsList = append(idsList, id)
+	}
+	rows.Close()
+	var out []sandbox.Sandbox
+	for _, id := range idsList {
+		sb, err := getSandbox(ctx, s.r, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *sb)
+	}
+	return out, nil
+}
+
+func (s *Store) SetWarmPool(ctx context.Context, template string, minReady int) error {
+	// A pool set to 0 is kept (at 0) so its sandboxes are drained.
+	_, err := s.w.ExecContext(ctx, `INSERT INTO warm_pools(template, min_ready, updated_at) VALUES (?, ?, ?) ON CONFLICT(template) DO UPDATE SET min_ready = excluded.min_ready, updated_at = excluded.updated_at`,
+		template, max(minReady, 0), time.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("set warm pool: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) WarmPools(ctx context.Context) (map[string]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT template, min_ready FROM warm_pools`)
+	if err != nil {
+		return nil, fmt.Errorf("list warm pools: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var t string
+		var n int
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, err
+		}
+		out[t] = n
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,373 @@
+package sqlite
+
+// This file is store.Sandboxes: sandboxes and their operations.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *store.Completion, maxActive int) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		if maxActive > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed')`).Scan(&n); err != nil {
+				return fmt.Errorf("count active sandboxes: %w", err)
+			}
+			if n >= maxActive {
+				return errdefs.New(errdefs.ResourceExhausted, "this server holds at most %d active sandboxes; delete or wait for one to go", maxActive).
+					WithDetails(map[string]any{"max_active_sandboxes": maxActive})
+			}
+		}
+		if err := insertSandbox(ctx, tx, sb); err != nil {
+			return err
+		}
+		if err := insertOperation(ctx, tx, op); err != nil {
+			return err
+		}
+		return completeIdem(ctx, tx, idem)
+	})
+}
+
+func (s *Store) CreateOperation(ctx context.Context, op *sandbox.Operation, idem *store.Completion) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		if err := insertOperation(ctx, tx, op); err != nil {
+			return err
+		}
+		return completeIdem(ctx, tx, idem)
+	})
+}
+
+func insertSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
+	doc, err := json.Marshal(sb)
+	if err != nil {
+		return fmt.Errorf("encode sandbox: %w", err)
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, pool, doc) VALUES (?, ?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, sb.Pool, doc)
+	if err != nil {
+		if isUnique(err) {
+			return errdefs.Wrap(errdefs.Conflict, err, "sandbox %s already exists", sb.ID)
+		}
+		return fmt.Errorf("insert sandbox: %w", err)
+	}
+	return nil
+}
+
+func insertOperation(ctx context.Context, tx *sql.Tx, op *sandbox.Operation) error {
+	doc, err := json.Marshal(op)
+	if err != nil {
+		return fmt.Errorf("encode operation: %w", err)
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO operations(id, sandbox_id, state, from_state, doc) VALUES (?, ?, ?, ?, ?)`, op.ID, op.SandboxID, op.State, op.From, doc)
+	if err != nil {
+		if isUnique(err) {
+			return errdefs.Wrap(errdefs.Conflict, err, "operation %s already exists", op.ID)
+		}
+		return fmt.Errorf("insert operation: %w", err)
+	}
+	return nil
+}
+
+func updateSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
+	doc, err := json.Marshal(sb)
+	if err != nil {
+		return fmt.Errorf("encode sandbox: %w", err)
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, active_op = ?, pool = ?, doc = ? WHERE id = ?`, sb.State, sb.ActiveOperation, sb.Pool, doc, sb.ID)
+	if err != nil {
+		return fmt.Errorf("update sandbox: %w", err)
+	}
+	return nil
+}
+
+func updateOperation(ctx context.Context, tx *sql.Tx, op *sandbox.Operation) error {
+	doc, err := json.Marshal(op)
+	if err != nil {
+		return fmt.Errorf("encode operation: %w", err)
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE operations SET state = ?, doc = ? WHERE id = ?`, op.State, doc, op.ID)
+	if err != nil {
+		return fmt.Errorf("update operation: %w", err)
+	}
+	return nil
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, error) {
+	var doc []byte
+	var active, pool string
+	err := q.QueryRowContext(ctx, `SELECT doc, active_op, pool FROM sandboxes WHERE id = ?`, id).Scan(&doc, &active, &pool)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read sandbox: %w", err)
+	}
+	var sb sandbox.Sandbox
+	if err := json.Unmarshal(doc, &sb); err != nil {
+		return nil, fmt.Errorf("decode sandbox %s: %w", id, err)
+	}
+	sb.ActiveOperation, sb.Pool = active, pool
+	return &sb, nil
+}
+
+func getOperation(ctx context.Context, q querier, id string) (*sandbox.Operation, error) {
+	var doc []byte
+	var from string
+	err := q.QueryRowContext(ctx, `SELECT doc, from_state FROM operations WHERE id = ?`, id).Scan(&doc, &from)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.New(errdefs.NotFound, "operation %s not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read operation: %w", err)
+	}
+	var op sandbox.Operation
+	if err := json.Unmarshal(doc, &op); err != nil {
+		return nil, fmt.Errorf("decode operation %s: %w", id, err)
+	}
+	op.From = sandbox.State(from)
+	return &op, nil
+}
+
+func (s *Store) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return getSandbox(ctx, s.r, id)
+}
+
+func (s *Store) GetOperation(ctx context.Context, id string) (*sandbox.Operation, error) {
+	return getOperation(ctx, s.r, id)
+}
+
+func (s *Store) ListSandboxes(ctx context.Context, q store.SandboxQuery) (store.Page[sandbox.Sandbox], error) {
+	var page store.Page[sandbox.Sandbox]
+	after, err := store.DecodeCursor(q.Cursor)
+	if err != nil {
+		return page, err
+	}
+	limit, err := store.NormalizeLimit(q.Limit)
+	if err != nil {
+		return page, err
+	}
+	var rows *sql.Rows
+	if q.State != "" {
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE state = ? AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, q.State, q.IncludePool, after, limit+1)
+	} else {
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE state != 'deleted' AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, q.IncludePool, after, limit+1)
+	}
+	if err != nil {
+		return page, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var lastSeq int64
+	for rows.Next() {
+		var seq int64
+		var doc []byte
+		var sb sandbox.Sandbox
+		var active, pool string
+		if err := rows.Scan(&seq, &doc, &active, &pool); err != nil {
+			return page, fmt.Errorf("scan sandbox: %w", err)
+		}
+		if len(page.Items) == limit {
+			page.Next = store.EncodeCursor(lastSeq)
+			break
+		}
+		if err := json.Unmarshal(doc, &sb); err != nil {
+			return page, fmt.Errorf("decode sandbox: %w", err)
+		}
+		sb.ActiveOperation, sb.Pool = active, pool
+		page.Items = append(page.Items, sb)
+		lastSeq = seq
+	}
+	return page, rows.Err()
+}
+
+func (s *Store) ListOperations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error) {
+	var page store.Page[sandbox.Operation]
+	after, err := store.DecodeCursor(q.Cursor)
+	if err != nil {
+		return page, err
+	}
+	limit, err := store.NormalizeLimit(q.Limit)
+	if err != nil {
+		return page, err
+	}
+	var rows *sql.Rows
+	if q.SandboxID != "" {
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, from_state FROM operations WHERE sandbox_id = ? AND seq > ? ORDER BY seq LIMIT ?`, q.SandboxID, after, limit+1)
+	} else {
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, from_state FROM operations WHERE seq > ? ORDER BY seq LIMIT ?`, after, limit+1)
+	}
+	if err != nil {
+		return page, fmt.Errorf("list operations: %w", err)
+	}
+	defer rows.Close()
+	var lastSeq int64
+	for rows.Next() {
+		var seq int64
+		var doc []byte
+		var from string
+		if err := rows.Scan(&seq, &doc, &from); err != nil {
+			return page, fmt.Errorf("scan operation: %w", err)
+		}
+		if len(page.Items) == limit {
+			page.Next = store.EncodeCursor(lastSeq)
+			break
+		}
+		var op sandbox.Operation
+		if err := json.Unmarshal(doc, &op); err != nil {
+			return page, fmt.Errorf("decode operation: %w", err)
+		}
+		op.From = sandbox.State(from)
+		page.Items = append(page.Items, op)
+		lastSeq = seq
+	}
+	return page, rows.Err()
+}
+
+func (s *Store) UnfinishedOperations(ctx context.Context) ([]sandbox.Operation, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT doc, from_state FROM operations WHERE state IN ('pending', 'running') ORDER BY seq`)
+	if err != nil {
+		return nil, fmt.Errorf("list unfinished operations: %w", err)
+	}
+	defer rows.Close()
+	var ops []sandbox.Operation
+	for rows.Next() {
+		var doc []byte
+		var from string
+		if err := rows.Scan(&doc, &from); err != nil {
+			return nil, fmt.Errorf("scan operation: %w", err)
+		}
+		var op sandbox.Operation
+		if err := json.Unmarshal(doc, &op); err != nil {
+			return nil, fmt.Errorf("decode operation: %w", err)
+		}
+		op.From = sandbox.State(from)
+		ops = append(ops, op)
+	}
+	return ops, rows.Err()
+}
+
+func (s *Store) BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
+	var out *sandbox.Sandbox
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		sb, err := getSandbox(ctx, tx, op.SandboxID)
+		if err != nil {
+			return err
+		}
+		idem, err := decide(sb, op)
+		if err != nil {
+			return err
+		}
+		if err := updateSandbox(ctx, tx, sb); err != nil {
+			return err
+		}
+		if err := insertOperation(ctx, tx, op); err != nil {
+			return err
+		}
+		out = sb
+		return completeIdem(ctx, tx, idem)
+	})
+	return out, err
+}
+
+func (s *Store) UpdateOperationState(ctx context.Context, opID string, state sandbox.OpState, at time.Time) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		op, err := getOperation(ctx, tx, opID)
+		if err != nil {
+			return err
+		}
+		if op.State.Terminal() {
+			return errdefs.New(errdefs.Conflict, "operation %s is already %s", opID, op.State)
+		}
+		op.State = state
+		op.UpdatedAt = at
+		return updateOperation(ctx, tx, op)
+	})
+}
+
+func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		op, err := getOperation(ctx, tx, f.OperationID)
+		if err != nil {
+			return err
+		}
+		if op.State.Terminal() {
+			return errdefs.New(errdefs.Conflict, "operation %s is already %s", op.ID, op.State)
+		}
+		at := f.At
+		op.State, op.Error, op.UpdatedAt, op.CompletedAt = f.State, f.Error, at, &at
+		if err := updateOperation(ctx, tx, op); err != nil {
+			return err
+		}
+		if op.SandboxID == "" {
+			return nil
+		}
+		sb, err := getSandbox(ctx, tx, op.SandboxID)
+		if err != nil {
+			return err
+		}
+		if sb.ActiveOperation == op.ID {
+			sb.ActiveOperation = ""
+		}
+		sb.SetState(f.SandboxState, at)
+		sb.Error = f.SandboxError
+		return updateSandbox(ctx, tx, sb)
+	})
+}
+
+func (s *Store) UpdateSandbox(ctx context.Context, id string, mutate func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
+	var out *sandbox.Sandbox
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		sb, err := getSandbox(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if err := mutate(sb); err != nil {
+			return err
+		}
+		sb.ID = id
+		out = sb
+		return updateSandbox(ctx, tx, sb)
+	})
+	return out, err
+}
+
+func (s *Store) CountSandboxes(ctx context.Context) ([]store.SandboxCount, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT state, pool != '', COUNT(*) FROM sandboxes WHERE state != 'deleted' GROUP BY 1, 2 ORDER BY 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []store.SandboxCount
+	for rows.Next() {
+		var c store.SandboxCount
+		if err := rows.Scan(&c.State, &c.Pooled, &c.Count); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		sb, err := getSandbox(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if at.After(sb.LastActiveAt) {
+			sb.LastActiveAt = at
+		}
+		return updateSandbox(ctx, tx, sb)
+	})
+}

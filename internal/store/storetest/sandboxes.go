@@ -1,0 +1,378 @@
+package storetest
+
+// The cases of store.Sandboxes.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+func testSandboxRoundTrip(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	sb, op := mustCreate(t, s, sandbox.Starting)
+	got, err := s.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != sb.ID || got.State != sandbox.Starting || got.Template != sb.Template || got.Env["A"] != "b" ||
+		got.Metadata["k"] != "v" || !got.CreatedAt.Equal(epoch) || got.ActiveOperation != op.ID || got.Resources != sb.Resources {
+		t.Fatalf("round trip mismatch: %+v", got)
+	}
+	gop, err := s.GetOperation(ctx, op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gop.Kind != sandbox.OpCreate || gop.SandboxID != sb.ID || gop.State != sandbox.OpPending || gop.CompletedAt != nil {
+		t.Fatalf("operation mismatch: %+v", gop)
+	}
+	_, err = s.GetSandbox(ctx, ids.New(ids.Sandbox))
+	wantKind(t, err, errdefs.NotFound)
+	_, err = s.GetOperation(ctx, ids.New(ids.Operation))
+	wantKind(t, err, errdefs.NotFound)
+
+	later := epoch.Add(time.Hour)
+	if err := s.TouchSandbox(ctx, sb.ID, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.TouchSandbox(ctx, sb.ID, epoch); err != nil { // never goes back
+		t.Fatal(err)
+	}
+	got, _ = s.GetSandbox(ctx, sb.ID)
+	if !got.LastActiveAt.Equal(later) {
+		t.Fatalf("last_active_at = %v, want %v", got.LastActiveAt, later)
+	}
+	wantKind(t, s.TouchSandbox(ctx, ids.New(ids.Sandbox), later), errdefs.NotFound)
+
+	refuse := errdefs.New(errdefs.Conflict, "no")
+	_, err = s.UpdateSandbox(ctx, sb.ID, func(sb *sandbox.Sandbox) error { sb.State = sandbox.Failed; return refuse })
+	if !errors.Is(err, refuse) {
+		t.Fatalf("UpdateSandbox refused = %v", err)
+	}
+	if got, _ = s.GetSandbox(ctx, sb.ID); got.State != sandbox.Starting {
+		t.Fatalf("refused update applied: %s", got.State)
+	}
+	up, err := s.UpdateSandbox(ctx, sb.ID, func(sb *sandbox.Sandbox) error { sb.State = sandbox.Failed; return nil })
+	if err != nil || up.State != sandbox.Failed {
+		t.Fatalf("UpdateSandbox = %+v, %v", up, err)
+	}
+	if got, _ = s.GetSandbox(ctx, sb.ID); got.State != sandbox.Failed {
+		t.Fatalf("update not stored: %s", got.State)
+	}
+	if list := listAll(t, s, store.SandboxQuery{State: sandbox.Failed}); len(list) != 1 {
+		t.Fatalf("state index not updated: %v", list)
+	}
+	_, err = s.UpdateSandbox(ctx, ids.New(ids.Sandbox), func(*sandbox.Sandbox) error { return nil })
+	wantKind(t, err, errdefs.NotFound)
+}
+
+func testDuplicateIDs(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	sb, op := mustCreate(t, s, sandbox.Starting)
+	op2 := *op
+	op2.ID = ids.New(ids.Operation)
+	wantKind(t, s.CreateSandbox(context.Background(), sb, &op2, nil, 0), errdefs.Conflict)
+	sb2, _ := newSandbox(sandbox.Starting)
+	wantKind(t, s.CreateSandbox(context.Background(), sb2, op, nil, 0), errdefs.Conflict)
+	// The failed transaction left nothing behind.
+	if _, err := s.GetSandbox(context.Background(), sb2.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("sandbox of failed create exists: %v", err)
+	}
+}
+
+func listAll(t *testing.T, s store.Store, q store.SandboxQuery) []string {
+	t.Helper()
+	var out []string
+	for i := 0; ; i++ {
+		p, err := s.ListSandboxes(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range p.Items {
+			out = append(out, sb.ID)
+		}
+		if p.Next == "" {
+			return out
+		}
+		if len(p.Items) != q.Limit && q.Limit != 0 {
+			t.Fatalf("short page (%d) with a next cursor", len(p.Items))
+		}
+		q.Cursor = p.Next
+		if i > 10000 {
+			t.Fatal("pagination does not end")
+		}
+	}
+}
+
+func testListPagination(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	var want []string
+	for i := 0; i < 120; i++ {
+		sb, _ := mustCreate(t, s, sandbox.Running)
+		want = append(want, sb.ID)
+	}
+	for _, limit := range []int{1, 7, 50, 120, 500} {
+		got := listAll(t, s, store.SandboxQuery{Limit: limit})
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("limit %d: got %d items, want %d in insertion order", limit, len(got), len(want))
+		}
+	}
+	p, err := s.ListSandboxes(context.Background(), store.SandboxQuery{})
+	if err != nil || len(p.Items) != store.DefaultLimit || p.Next == "" {
+		t.Fatalf("default page: %d items, next %q, err %v", len(p.Items), p.Next, err)
+	}
+	// An exactly full last page has no next cursor.
+	p, err = s.ListSandboxes(context.Background(), store.SandboxQuery{Limit: 120})
+	if err != nil || len(p.Items) != 120 || p.Next != "" {
+		t.Fatalf("full page: %d items, next %q, err %v", len(p.Items), p.Next, err)
+	}
+}
+
+func testListUnderConcurrentInserts(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	initial := map[string]bool{}
+	for i := 0; i < 60; i++ {
+		sb, _ := mustCreate(t, s, sandbox.Running)
+		initial[sb.ID] = true
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			sb, op := newSandbox(sandbox.Running)
+			if err := s.CreateSandbox(context.Background(), sb, op, nil, 0); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	seen := map[string]bool{}
+	q := store.SandboxQuery{Limit: 5}
+	for {
+		p, err := s.ListSandboxes(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range p.Items {
+			if seen[sb.ID] {
+				t.Fatalf("%s listed twice", sb.ID)
+			}
+			seen[sb.ID] = true
+		}
+		if p.Next == "" || len(seen) > 400 {
+			break
+		}
+		q.Cursor = p.Next
+	}
+	close(stop)
+	wg.Wait()
+	for id := range initial {
+		if !seen[id] {
+			t.Fatalf("%s missed", id)
+		}
+	}
+}
+
+func testListFilters(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	run, _ := mustCreate(t, s, sandbox.Running)
+	paused, _ := mustCreate(t, s, sandbox.Paused)
+	gone, op := mustCreate(t, s, sandbox.Deleting)
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Deleted, At: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	if got := listAll(t, s, store.SandboxQuery{}); fmt.Sprint(got) != fmt.Sprint([]string{run.ID, paused.ID}) {
+		t.Fatalf("default list = %v (deleted must be hidden)", got)
+	}
+	if got := listAll(t, s, store.SandboxQuery{State: sandbox.Paused}); fmt.Sprint(got) != fmt.Sprint([]string{paused.ID}) {
+		t.Fatalf("paused list = %v", got)
+	}
+	if got := listAll(t, s, store.SandboxQuery{State: sandbox.Deleted}); fmt.Sprint(got) != fmt.Sprint([]string{gone.ID}) {
+		t.Fatalf("deleted list = %v", got)
+	}
+	// Operations by sandbox.
+	ops, err := s.ListOperations(ctx, store.OperationQuery{SandboxID: gone.ID})
+	if err != nil || len(ops.Items) != 1 || ops.Items[0].ID != op.ID {
+		t.Fatalf("operations of %s = %+v, %v", gone.ID, ops, err)
+	}
+	all, err := s.ListOperations(ctx, store.OperationQuery{Limit: 2})
+	if err != nil || len(all.Items) != 2 || all.Next == "" {
+		t.Fatalf("operations page = %+v, %v", all, err)
+	}
+	rest, err := s.ListOperations(ctx, store.OperationQuery{Limit: 2, Cursor: all.Next})
+	if err != nil || len(rest.Items) != 1 || rest.Next != "" {
+		t.Fatalf("operations second page = %+v, %v", rest, err)
+	}
+}
+
+func testBadCursorAndLimit(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	for _, c := range []string{"!!", "c3g", "eHl6", "cy0x", "cys1", "cw"} {
+		_, err := s.ListSandboxes(ctx, store.SandboxQuery{Cursor: c})
+		wantKind(t, err, errdefs.InvalidArgument)
+		_, err = s.ListOperations(ctx, store.OperationQuery{Cursor: c})
+		wantKind(t, err, errdefs.InvalidArgument)
+	}
+	for _, l := range []int{-1, store.MaxLimit + 1} {
+		_, err := s.ListSandboxes(ctx, store.SandboxQuery{Limit: l})
+		wantKind(t, err, errdefs.InvalidArgument)
+	}
+}
+
+func testBeginOperationAtomic(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	sb, _ := mustCreate(t, s, sandbox.Running)
+	sb.ActiveOperation = ""
+	pause := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpPause, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
+	refuse := errdefs.New(errdefs.FailedPrecondition, "no")
+	_, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) (*store.Completion, error) {
+		sb.State = sandbox.Pausing // must not stick
+		return nil, refuse
+	})
+	if !errors.Is(err, refuse) {
+		t.Fatalf("err = %v", err)
+	}
+	got, _ := s.GetSandbox(ctx, sb.ID)
+	if got.State != sandbox.Running {
+		t.Fatalf("refused operation changed state to %s", got.State)
+	}
+	if _, err := s.GetOperation(ctx, pause.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("refused operation was stored: %v", err)
+	}
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "p", Fingerprint: "f", Owner: "o", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	out, err := s.BeginOperation(ctx, pause, func(sb *sandbox.Sandbox, op *sandbox.Operation) (*store.Completion, error) {
+		op.From = sb.State
+		sb.State, sb.ActiveOperation = sandbox.Pausing, op.ID
+		state := string(sb.State) // rendered after the change is applied
+		return &store.Completion{Key: "p", Status: 202, Body: func() ([]byte, error) { return []byte(state), nil }}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.State != sandbox.Pausing || out.ActiveOperation != pause.ID {
+		t.Fatalf("returned sandbox %+v", out)
+	}
+	gop, _ := s.GetOperation(ctx, pause.ID)
+	if gop.From != sandbox.Running {
+		t.Fatalf("operation from = %q", gop.From)
+	}
+	if rec, _ := s.GetIdempotencyKey(ctx, "p"); rec == nil || rec.State != store.IdemDone || string(rec.Body) != "pausing" {
+		t.Fatalf("idempotency record = %+v", rec)
+	}
+	missing := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpPause, SandboxID: ids.New(ids.Sandbox)}
+	_, err = s.BeginOperation(ctx, missing, func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error) { return nil, nil })
+	wantKind(t, err, errdefs.NotFound)
+}
+
+func testFinishOperation(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	sb, op := mustCreate(t, s, sandbox.Starting)
+	if err := s.UpdateOperationState(ctx, op.ID, sandbox.OpRunning, epoch.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	fin := epoch.Add(2 * time.Second)
+	e := &sandbox.ErrorInfo{Code: "internal", Message: "boom"}
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: e, SandboxState: sandbox.Failed, SandboxError: e, At: fin}); err != nil {
+		t.Fatal(err)
+	}
+	gop, _ := s.GetOperation(ctx, op.ID)
+	if gop.State != sandbox.OpFailed || gop.Error == nil || gop.Error.Message != "boom" || gop.CompletedAt == nil || !gop.CompletedAt.Equal(fin) {
+		t.Fatalf("finished op = %+v", gop)
+	}
+	got, _ := s.GetSandbox(ctx, sb.ID)
+	if got.State != sandbox.Failed || got.ActiveOperation != "" || got.Error == nil || !got.UpdatedAt.Equal(fin) {
+		t.Fatalf("sandbox after finish = %+v", got)
+	}
+	wantKind(t, s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: fin}), errdefs.Conflict)
+	wantKind(t, s.UpdateOperationState(ctx, op.ID, sandbox.OpRunning, fin), errdefs.Conflict)
+	wantKind(t, s.FinishOperation(ctx, store.Finish{OperationID: ids.New(ids.Operation), State: sandbox.OpSucceeded, At: fin}), errdefs.NotFound)
+}
+
+func testUnfinishedOperations(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	_, a := mustCreate(t, s, sandbox.Starting)
+	_, b := mustCreate(t, s, sandbox.Starting)
+	_, c := mustCreate(t, s, sandbox.Starting)
+	s.UpdateOperationState(ctx, b.ID, sandbox.OpRunning, epoch)
+	s.FinishOperation(ctx, store.Finish{OperationID: c.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: epoch})
+	ops, err := s.UnfinishedOperations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) != 2 || ops[0].ID != a.ID || ops[1].ID != b.ID || ops[1].State != sandbox.OpRunning {
+		t.Fatalf("unfinished = %+v", ops)
+	}
+}
+
+func testActiveLimit(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	mustCreate(t, s, sandbox.Running)
+	_, failedOp := mustCreate(t, s, sandbox.Starting)
+	s.FinishOperation(ctx, store.Finish{OperationID: failedOp.ID, State: sandbox.OpFailed, SandboxState: sandbox.Failed, At: epoch})
+	sb, op := newSandbox(sandbox.Starting)
+	if err := s.CreateSandbox(ctx, sb, op, nil, 2); err != nil {
+		t.Fatalf("second active sandbox refused (failed ones must not count): %v", err)
+	}
+	sb, op = newSandbox(sandbox.Starting)
+	wantKind(t, s.CreateSandbox(ctx, sb, op, nil, 2), errdefs.ResourceExhausted)
+	if _, err := s.GetSandbox(ctx, sb.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatal("refused sandbox was stored")
+	}
+}
+
+func testOperationWithoutSandbox(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "b", Fingerprint: "f", Owner: "o", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpBuild, Template: "mine:v1", State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
+	if err := s.CreateOperation(ctx, op, &store.Completion{Key: "b", Status: 202, Body: func() ([]byte, error) { return []byte("x"), nil }}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.GetIdempotencyKey(ctx, "b"); rec == nil || rec.State != store.IdemDone {
+		t.Fatal("idempotency key not completed with the operation")
+	}
+	wantKind(t, s.CreateOperation(ctx, op, nil), errdefs.Conflict)
+	if ops, _ := s.UnfinishedOperations(ctx); len(ops) != 1 || ops[0].Template != "mine:v1" {
+		t.Fatalf("unfinished = %+v", ops)
+	}
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, At: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.GetOperation(ctx, op.ID)
+	if got.State != sandbox.OpSucceeded || got.SandboxID != "" || got.Template != "mine:v1" {
+		t.Fatalf("build op = %+v", got)
+	}
+}
