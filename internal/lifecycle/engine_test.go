@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -100,7 +101,9 @@ func create(t *testing.T, w *world) *sandbox.Sandbox {
 	return sb
 }
 
-func TestLifecycleWithFakeRuntime(t *testing.T) {
+func TestLifecycleWithFakeRuntime(t *testing.T) { synctest.Test(t, testLifecycleWithFakeRuntime) }
+
+func testLifecycleWithFakeRuntime(t *testing.T) {
 	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
 	ctx := context.Background()
 	sb := create(t, w)
@@ -149,7 +152,9 @@ func TestLifecycleWithFakeRuntime(t *testing.T) {
 	}
 }
 
-func TestWakeOfRunningSucceedsAtOnce(t *testing.T) {
+func TestWakeOfRunningSucceedsAtOnce(t *testing.T) { synctest.Test(t, testWakeOfRunningSucceedsAtOnce) }
+
+func testWakeOfRunningSucceedsAtOnce(t *testing.T) {
 	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
 	sb := create(t, w)
 	op, err := w.eng.Wake(context.Background(), sb.ID, nil)
@@ -166,6 +171,10 @@ func TestWakeOfRunningSucceedsAtOnce(t *testing.T) {
 }
 
 func TestInvalidTransitionsChangeNothing(t *testing.T) {
+	synctest.Test(t, testInvalidTransitionsChangeNothing)
+}
+
+func testInvalidTransitionsChangeNothing(t *testing.T) {
 	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
 	ctx := context.Background()
 	sb := create(t, w)
@@ -184,7 +193,9 @@ func TestInvalidTransitionsChangeNothing(t *testing.T) {
 	}
 }
 
-func TestOneOperationInFlight(t *testing.T) {
+func TestOneOperationInFlight(t *testing.T) { synctest.Test(t, testOneOperationInFlight) }
+
+func testOneOperationInFlight(t *testing.T) {
 	w := newWorld(t, t.TempDir(), fakeruntime.Config{Delay: 200 * time.Millisecond})
 	ctx := context.Background()
 	sb := create(t, w)
@@ -207,6 +218,10 @@ func TestOneOperationInFlight(t *testing.T) {
 }
 
 func TestFailedStepLeavesObservedState(t *testing.T) {
+	synctest.Test(t, testFailedStepLeavesObservedState)
+}
+
+func testFailedStepLeavesObservedState(t *testing.T) {
 	w := newWorld(t, t.TempDir(), fakeruntime.Config{Fail: fakeruntime.ParseFail("pause")})
 	sb := create(t, w)
 	op, err := w.eng.Pause(context.Background(), sb.ID, nil)
@@ -222,7 +237,9 @@ func TestFailedStepLeavesObservedState(t *testing.T) {
 	}
 }
 
-func TestFailedCreateCleansUp(t *testing.T) {
+func TestFailedCreateCleansUp(t *testing.T) { synctest.Test(t, testFailedCreateCleansUp) }
+
+func testFailedCreateCleansUp(t *testing.T) {
 	w := newWorld(t, t.TempDir(), fakeruntime.Config{Fail: fakeruntime.ParseFail("create")})
 	sb, op, err := w.eng.Create(context.Background(), lifecycle.CreateRequest{}, nil)
 	if err != nil {
@@ -248,7 +265,9 @@ func TestFailedCreateCleansUp(t *testing.T) {
 	}
 }
 
-func TestTimeoutFailsOperation(t *testing.T) {
+func TestTimeoutFailsOperation(t *testing.T) { synctest.Test(t, testTimeoutFailsOperation) }
+
+func testTimeoutFailsOperation(t *testing.T) {
 	dir := t.TempDir()
 	st, _ := sqlite.Open(context.Background(), filepath.Join(dir, "db"))
 	defer st.Close()
@@ -271,6 +290,10 @@ func TestTimeoutFailsOperation(t *testing.T) {
 // running; the next engine over the same store and host resumes it to a
 // terminal state without doing anything twice.
 func TestRestartResumesInterruptedOperations(t *testing.T) {
+	synctest.Test(t, testRestartResumesInterruptedOperations)
+}
+
+func testRestartResumesInterruptedOperations(t *testing.T) {
 	dir := t.TempDir()
 	w := newWorld(t, dir, fakeruntime.Config{Delay: time.Hour})
 	ctx := context.Background()
@@ -311,6 +334,10 @@ func TestRestartResumesInterruptedOperations(t *testing.T) {
 // A sandbox the host lost while the server was down becomes failed, with a
 // reason, instead of claiming to run.
 func TestRestartMarksLostSandboxFailed(t *testing.T) {
+	synctest.Test(t, testRestartMarksLostSandboxFailed)
+}
+
+func testRestartMarksLostSandboxFailed(t *testing.T) {
 	dir := t.TempDir()
 	w := newWorld(t, dir, fakeruntime.Config{})
 	sb := create(t, w)
@@ -323,7 +350,9 @@ func TestRestartMarksLostSandboxFailed(t *testing.T) {
 	}
 }
 
-func TestCreateValidation(t *testing.T) {
+func TestCreateValidation(t *testing.T) { synctest.Test(t, testCreateValidation) }
+
+func testCreateValidation(t *testing.T) {
 	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
 	ctx := context.Background()
 	bad := []lifecycle.CreateRequest{
@@ -353,7 +382,9 @@ func TestCreateValidation(t *testing.T) {
 	}
 }
 
-func TestNotReadyWithoutRuntime(t *testing.T) {
+func TestNotReadyWithoutRuntime(t *testing.T) { synctest.Test(t, testNotReadyWithoutRuntime) }
+
+func testNotReadyWithoutRuntime(t *testing.T) {
 	dir := t.TempDir()
 	st, _ := sqlite.Open(context.Background(), filepath.Join(dir, "db"))
 	defer st.Close()

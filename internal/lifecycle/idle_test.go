@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -69,7 +70,9 @@ func autoOps(t *testing.T, w *world, id string, kind sandbox.OpKind) int {
 	return n
 }
 
-func TestIdlePauseAndSuspendHappen(t *testing.T) {
+func TestIdlePauseAndSuspendHappen(t *testing.T) { synctest.Test(t, testIdlePauseAndSuspendHappen) }
+
+func testIdlePauseAndSuspendHappen(t *testing.T) {
 	w := idleWorld(t, 0)
 	p := createIdle(t, w, "1s", "pause")
 	s := createIdle(t, w, "1s", "suspend")
@@ -85,6 +88,10 @@ func TestIdlePauseAndSuspendHappen(t *testing.T) {
 }
 
 func TestActivityAndAttachedStreamsKeepAwake(t *testing.T) {
+	synctest.Test(t, testActivityAndAttachedStreamsKeepAwake)
+}
+
+func testActivityAndAttachedStreamsKeepAwake(t *testing.T) {
 	w := idleWorld(t, 0)
 	touched := createIdle(t, w, "1s", "pause")
 	attached := createIdle(t, w, "1s", "pause")
@@ -105,7 +112,9 @@ func TestActivityAndAttachedStreamsKeepAwake(t *testing.T) {
 	}
 }
 
-func TestWakeRestartsIdleClock(t *testing.T) {
+func TestWakeRestartsIdleClock(t *testing.T) { synctest.Test(t, testWakeRestartsIdleClock) }
+
+func testWakeRestartsIdleClock(t *testing.T) {
 	w := idleWorld(t, 0)
 	id := createIdle(t, w, "1s", "pause")
 	waitState(t, w, id, sandbox.Paused, 5*time.Second)
@@ -125,7 +134,9 @@ func TestWakeRestartsIdleClock(t *testing.T) {
 	}
 }
 
-func TestLongPausedGetsSuspended(t *testing.T) {
+func TestLongPausedGetsSuspended(t *testing.T) { synctest.Test(t, testLongPausedGetsSuspended) }
+
+func testLongPausedGetsSuspended(t *testing.T) {
 	w := idleWorld(t, time.Second)
 	id := createIdle(t, w, "10m", "none")
 	op, _ := w.eng.Pause(context.Background(), id, nil)
@@ -135,7 +146,9 @@ func TestLongPausedGetsSuspended(t *testing.T) {
 
 // 100 concurrent creates against a pool of 10: all succeed, no sandbox is
 // handed out twice, and the pool refills.
-func TestWarmPoolConcurrentClaims(t *testing.T) {
+func TestWarmPoolConcurrentClaims(t *testing.T) { synctest.Test(t, testWarmPoolConcurrentClaims) }
+
+func testWarmPoolConcurrentClaims(t *testing.T) {
 	w := idleWorld(t, 0)
 	ctx := context.Background()
 	if _, err := w.eng.SetWarmPool(ctx, "seed:latest", 10); err != nil {
@@ -214,7 +227,9 @@ func TestWarmPoolConcurrentClaims(t *testing.T) {
 
 // A server-default pool fills without any API call; a pool set through the
 // API (even to 0) overrides it.
-func TestDefaultWarmPool(t *testing.T) {
+func TestDefaultWarmPool(t *testing.T) { synctest.Test(t, testDefaultWarmPool) }
+
+func testDefaultWarmPool(t *testing.T) {
 	dir := t.TempDir()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "db"))
 	if err != nil {

@@ -75,7 +75,7 @@ func (e *Engine) execute(op sandbox.Operation) {
 		return
 	}
 	if err == nil {
-		to := targetState(op)
+		to := op.Kind.Target()
 		if op.Kind == sandbox.OpDelete {
 			e.detach(bk, sb.ID)
 			if rmErr := os.RemoveAll(spec.SnapshotDir); rmErr != nil {
@@ -124,20 +124,6 @@ func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operati
 		return rt.Delete(ctx, spec)
 	}
 	return fmt.Errorf("unknown operation kind %q", op.Kind)
-}
-
-func targetState(op sandbox.Operation) sandbox.State {
-	switch op.Kind {
-	case sandbox.OpCreate, sandbox.OpWake:
-		return sandbox.Running
-	case sandbox.OpPause:
-		return sandbox.Paused
-	case sandbox.OpSuspend:
-		return sandbox.Suspended
-	case sandbox.OpDelete:
-		return sandbox.Deleted
-	}
-	return sandbox.Failed
 }
 
 // fail records a failed step. The sandbox lands in the state the runtime

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -24,7 +25,9 @@ func createWithTimeout(t *testing.T, w *world, timeout, action string) *sandbox.
 
 // A timeout deletes or suspends on time, as a recorded operation; a wake
 // starts the timeout afresh.
-func TestTimeoutActions(t *testing.T) {
+func TestTimeoutActions(t *testing.T) { synctest.Test(t, testTimeoutActions) }
+
+func testTimeoutActions(t *testing.T) {
 	w := idleWorld(t, 0)
 	del := createWithTimeout(t, w, "1s", "")
 	sus := createWithTimeout(t, w, "1s", "suspend")
@@ -60,7 +63,9 @@ func TestTimeoutActions(t *testing.T) {
 
 // Paused time does not count: a sandbox paused past its deadline is not
 // acted on while paused, and gets a whole timeout when woken.
-func TestTimeoutIgnoresPausedTime(t *testing.T) {
+func TestTimeoutIgnoresPausedTime(t *testing.T) { synctest.Test(t, testTimeoutIgnoresPausedTime) }
+
+func testTimeoutIgnoresPausedTime(t *testing.T) {
 	w := idleWorld(t, 0)
 	sb := createWithTimeout(t, w, "1s", "delete")
 	op, _ := w.eng.Pause(context.Background(), sb.ID, nil)
@@ -79,7 +84,9 @@ func TestTimeoutIgnoresPausedTime(t *testing.T) {
 
 // SetTimeout replaces the deadline (it may shorten it); ExtendTimeout never
 // shortens it; bad timeouts are refused.
-func TestSetAndExtendTimeout(t *testing.T) {
+func TestSetAndExtendTimeout(t *testing.T) { synctest.Test(t, testSetAndExtendTimeout) }
+
+func testSetAndExtendTimeout(t *testing.T) {
 	w := idleWorld(t, 0)
 	ctx := context.Background()
 	sb := createWithTimeout(t, w, "1h", "delete")

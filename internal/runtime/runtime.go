@@ -75,19 +75,11 @@ var ErrNotFound = errors.New("sandbox not found in runtime")
 
 // Capabilities describe what a runtime can do on this host and why.
 type Capabilities struct {
-	Pause   bool
-	Suspend bool
 	// Net is how the runtime attaches sandboxes to a network.
 	Net NetKind
 	// Detail is a human sentence on how the runtime runs here (for example
 	// the chosen acceleration and the reason).
 	Detail string
-}
-
-// Stats is a point-in-time view of a sandbox's resource use.
-type Stats struct {
-	MemoryBytes uint64
-	CPUSeconds  float64
 }
 
 // Runtime runs sandboxes. Every method is safe for concurrent use on
@@ -123,13 +115,19 @@ type Runtime interface {
 	// Recover re-adopts a sandbox after a server restart and reports what is
 	// on the host. It never changes the sandbox's status.
 	Recover(ctx context.Context, spec Spec) (Status, error)
-	// Stats reports resource use; ErrNotFound when the sandbox is absent.
-	Stats(ctx context.Context, spec Spec) (Stats, error)
 	// Agent returns a live connection to the sandbox's agent, waiting for
 	// it to connect until ctx ends. Accepts running (a paused sandbox's
 	// agent does not answer). The runtime keeps the connection; callers
 	// must not close it.
 	Agent(ctx context.Context, spec Spec) (*agentclient.Client, error)
+}
+
+// Templates gives a runtime a template digest's root file system and the
+// environment and working directory the template asks for
+// (internal/templates).
+type Templates interface {
+	RootfsPath(digest string) (string, error)
+	Config(digest string) (env map[string]string, workdir string)
 }
 
 // Exit is a sandbox's processes ending on their own — not by a lifecycle

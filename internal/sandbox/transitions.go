@@ -16,28 +16,29 @@ type Transition struct {
 // error explaining why the state does not accept it. It does not consider
 // operations in flight; the caller checks that separately.
 func Plan(k OpKind, from State) (Transition, error) {
+	to := k.Target()
 	switch k {
 	case OpPause:
 		if from == Running {
-			return Transition{Through: Pausing, To: Paused}, nil
+			return Transition{Through: Pausing, To: to}, nil
 		}
 	case OpSuspend:
 		if from == Running || from == Paused {
-			return Transition{Through: Suspending, To: Suspended}, nil
+			return Transition{Through: Suspending, To: to}, nil
 		}
 	case OpWake:
 		switch from {
 		case Running:
-			return Transition{Through: Running, To: Running, Immediate: true}, nil
+			return Transition{Through: Running, To: to, Immediate: true}, nil
 		case Paused:
-			return Transition{Through: Resuming, To: Running}, nil
+			return Transition{Through: Resuming, To: to}, nil
 		case Suspended:
-			return Transition{Through: Restoring, To: Running}, nil
+			return Transition{Through: Restoring, To: to}, nil
 		}
 	case OpDelete:
 		switch from {
 		case Running, Paused, Suspended, Failed:
-			return Transition{Through: Deleting, To: Deleted}, nil
+			return Transition{Through: Deleting, To: to}, nil
 		}
 	case OpCreate:
 		return Transition{}, fmt.Errorf("create applies to new sandboxes only")
@@ -45,6 +46,22 @@ func Plan(k OpKind, from State) (Transition, error) {
 		return Transition{}, fmt.Errorf("unknown operation kind %q", k)
 	}
 	return Transition{}, fmt.Errorf("cannot %s a sandbox that is %s", k, from)
+}
+
+// Target is the state an operation of kind k leaves its sandbox in when it
+// succeeds; "" for kinds that change no sandbox (build).
+func (k OpKind) Target() State {
+	switch k {
+	case OpCreate, OpWake:
+		return Running
+	case OpPause:
+		return Paused
+	case OpSuspend:
+		return Suspended
+	case OpDelete:
+		return Deleted
+	}
+	return ""
 }
 
 // Transitional reports whether s is a state an operation passes through.

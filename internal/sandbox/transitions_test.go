@@ -68,3 +68,24 @@ func TestTransitionalStatesAreNotTargets(t *testing.T) {
 		}
 	}
 }
+
+// Every accepted transition ends in its kind's one target state (the engine
+// records that state when the operation succeeds).
+func TestPlanEndsInTheKindsTarget(t *testing.T) {
+	kinds := []OpKind{OpCreate, OpPause, OpSuspend, OpWake, OpDelete}
+	states := []State{Starting, Running, Pausing, Paused, Resuming, Suspending, Suspended, Restoring, Deleting, Deleted, Failed}
+	for _, k := range kinds {
+		if k.Target() == "" || k.Target().Transitional() {
+			t.Errorf("%s: target %q is not a state at rest", k, k.Target())
+		}
+		for _, from := range states {
+			tr, err := Plan(k, from)
+			if err == nil && tr.To != k.Target() {
+				t.Errorf("Plan(%s, %s).To = %s, want %s", k, from, tr.To, k.Target())
+			}
+		}
+	}
+	if OpBuild.Target() != "" {
+		t.Errorf("build changes no sandbox, target %q", OpBuild.Target())
+	}
+}

@@ -87,7 +87,7 @@ func ParseFail(s string) map[string]bool {
 func (r *Runtime) Name() string { return Name }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Suspend: true, Detail: "fake runtime for tests: no isolation; the agent runs as a host process"}
+	return runtime.Capabilities{Detail: "fake runtime for tests: no isolation; the agent runs as a host process"}
 }
 
 // ErrInjected is returned by steps configured to fail.
@@ -295,15 +295,6 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		}
 	}
 	return s.Status, nil
-}
-
-func (r *Runtime) Stats(ctx context.Context, spec runtime.Spec) (runtime.Stats, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.get(spec.SandboxID).Status == runtime.StatusAbsent {
-		return runtime.Stats{}, runtime.ErrNotFound
-	}
-	return runtime.Stats{}, nil
 }
 
 // ErrNoAgent is returned by Agent when the fake runs without an agent.

@@ -39,13 +39,6 @@ import (
 // Name is the runtime's API name.
 const Name = "gvisor"
 
-// Templates gives the root file system of a template digest and the
-// environment and working directory it asks for.
-type Templates interface {
-	RootfsPath(digest string) (string, error)
-	Config(digest string) (env map[string]string, workdir string)
-}
-
 // Config configures the runtime.
 type Config struct {
 	// Runsc is the runsc binary.
@@ -57,7 +50,7 @@ type Config struct {
 	SocketDir string
 	// AgentBin is the static space-agent binary mounted into sandboxes.
 	AgentBin  string
-	Templates Templates
+	Templates runtime.Templates
 	// Platform is runsc's platform (systrap unless told otherwise).
 	Platform string
 	Logger   *slog.Logger
@@ -222,7 +215,7 @@ func lastLine(s string) string {
 func (r *Runtime) Name() string { return Name }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Suspend: true, Net: runtime.NetNamespace, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox"}
+	return runtime.Capabilities{Net: runtime.NetNamespace, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox"}
 }
 
 func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.cfg.Dir, "sandboxes", id) }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -21,10 +20,7 @@ import (
 // (CI), where a missing runsc or root is a failure, never a silent skip.
 func requireGVisor(t *testing.T) string {
 	t.Helper()
-	fail := t.Skipf
-	if os.Getenv("SPACE_REQUIRE_GVISOR") == "1" {
-		fail = t.Fatalf
-	}
+	fail := runtimetest.Need(t, "SPACE_REQUIRE_GVISOR")
 	if os.Geteuid() != 0 {
 		fail("the gvisor runtime needs root")
 	}
@@ -57,32 +53,8 @@ func TestGVisorConformance(t *testing.T) {
 			Runtime: open(t), Reopen: open, HasAgent: true,
 			Template: sandbox.TemplateRef{Ref: "test:latest", Digest: tpl.Digest},
 			AssertGone: func(t *testing.T, spec runtime.Spec) {
-				assertGone(t, dir, spec.SandboxID)
+				runtimetest.AssertNothingLeft(t, spec.SandboxID, "space", filepath.Join(dir, "sandboxes", spec.SandboxID))
 			},
 		}
 	})
-}
-
-// assertGone proves nothing of a sandbox is left on the host: no process
-// naming it, no mount, no cgroup, no directory.
-func assertGone(t *testing.T, dir, id string) {
-	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, _ := os.ReadFile(p)
-		if strings.Contains(string(b), id) {
-			t.Errorf("process %s still mentions %s: %q", filepath.Dir(p), id, strings.ReplaceAll(string(b), "\x00", " "))
-		}
-	}
-	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), id) {
-		t.Errorf("a mount still mentions %s", id)
-	}
-	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/space/" + id)
-	cg2, _ := filepath.Glob("/sys/fs/cgroup/space/" + id)
-	if len(cgroups)+len(cg2) > 0 {
-		t.Errorf("cgroups left: %v %v", cgroups, cg2)
-	}
-	if matches, _ := filepath.Glob(filepath.Join(dir, "sandboxes", id)); len(matches) > 0 {
-		t.Errorf("sandbox directory left: %v", matches)
-	}
 }

@@ -4,7 +4,6 @@ package gvisor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -378,37 +377,6 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		return runtime.StatusSuspended, nil
 	}
 	return runtime.StatusAbsent, nil
-}
-
-// Stats reports the sandbox's memory and CPU use from runsc.
-func (r *Runtime) Stats(ctx context.Context, spec runtime.Spec) (runtime.Stats, error) {
-	st, err := r.state(ctx, spec)
-	if err != nil {
-		return runtime.Stats{}, err
-	}
-	if st == nil {
-		return runtime.Stats{}, runtime.ErrNotFound
-	}
-	out, err := r.runsc(ctx, spec, "events", "--stats", spec.SandboxID)
-	if err != nil {
-		return runtime.Stats{}, nil // stats are best effort (a paused sandbox may not answer)
-	}
-	var ev struct {
-		Data struct {
-			CPU struct {
-				Usage struct {
-					Total uint64 `json:"total"`
-				} `json:"usage"`
-			} `json:"cpu"`
-			Memory struct {
-				Usage struct {
-					Usage uint64 `json:"usage"`
-				} `json:"usage"`
-			} `json:"memory"`
-		} `json:"data"`
-	}
-	json.Unmarshal(out, &ev)
-	return runtime.Stats{MemoryBytes: ev.Data.Memory.Usage.Usage, CPUSeconds: float64(ev.Data.CPU.Usage.Total) / 1e9}, nil
 }
 
 func syncDir(dir string) error {

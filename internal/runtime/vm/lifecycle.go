@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -378,31 +377,6 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		return runtime.StatusSuspended, nil
 	}
 	return runtime.StatusAbsent, nil
-}
-
-func (r *Runtime) Stats(ctx context.Context, spec runtime.Spec) (runtime.Stats, error) {
-	pid := r.qemuPID(spec.SandboxID)
-	if pid == 0 {
-		return runtime.Stats{}, runtime.ErrNotFound
-	}
-	var st runtime.Stats
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				st.MemoryBytes = kb << 10
-			}
-		}
-	}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-		if len(f) > 13 {
-			ut, _ := strconv.ParseFloat(f[11], 64)
-			stt, _ := strconv.ParseFloat(f[12], 64)
-			st.CPUSeconds = (ut + stt) / 100
-		}
-	}
-	return st, nil
 }
 
 func fsync(path string) error {

@@ -44,13 +44,6 @@ import (
 // Name is the runtime's API name.
 const Name = "vm"
 
-// Templates gives a template digest's root file system, environment and
-// working directory.
-type Templates interface {
-	RootfsPath(digest string) (string, error)
-	Config(digest string) (env map[string]string, workdir string)
-}
-
 // Config configures the runtime.
 type Config struct {
 	QEMU    string // qemu-system-x86_64
@@ -63,7 +56,7 @@ type Config struct {
 	Dir string
 	// SocketDir holds per-sandbox sockets; it must be short.
 	SocketDir string
-	Templates Templates
+	Templates runtime.Templates
 	// Accel is "kvm", "tcg" or "" (probe).
 	Accel string
 	// NoTemplateSnapshots boots every sandbox cold instead of starting it
@@ -189,7 +182,7 @@ func (r *Runtime) Close() {
 }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Suspend: true, Net: runtime.NetTap,
+	return runtime.Capabilities{Net: runtime.NetTap,
 		Detail: fmt.Sprintf("QEMU microvm, accel=%s (%s)", r.accel, r.accelWhy)}
 }
 

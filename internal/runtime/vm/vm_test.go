@@ -24,10 +24,7 @@ const guestDir = "/usr/local/lib/space/guest"
 // SPACE_REQUIRE_VM=1 (CI), where that is a failure, never a silent skip.
 func requireVM(t *testing.T) (qemu string) {
 	t.Helper()
-	fail := t.Skipf
-	if os.Getenv("SPACE_REQUIRE_VM") == "1" {
-		fail = t.Fatalf
-	}
+	fail := runtimetest.Need(t, "SPACE_REQUIRE_VM")
 	if os.Geteuid() != 0 {
 		fail("the vm runtime needs root (cgroups)")
 	}
@@ -68,34 +65,10 @@ func TestVMConformance(t *testing.T) {
 			Runtime: r, Reopen: open, HasAgent: true, Timeout: 3 * time.Minute,
 			Template: sandbox.TemplateRef{Ref: "test:latest", Digest: tpl.Digest},
 			AssertGone: func(t *testing.T, spec runtime.Spec) {
-				assertGone(t, dir, spec.SandboxID)
+				runtimetest.AssertNothingLeft(t, spec.SandboxID, "space-vm", filepath.Join(dir, "sandboxes", spec.SandboxID), "/run/space-vm-*/"+spec.SandboxID)
 			},
 		}
 	})
-}
-
-// assertGone proves nothing of a sandbox is left on the host: no process
-// naming it, no cgroup, no directory, no socket.
-func assertGone(t *testing.T, dir, id string) {
-	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, _ := os.ReadFile(p)
-		if strings.Contains(string(b), id) {
-			t.Errorf("process %s still mentions %s: %q", filepath.Dir(p), id, strings.ReplaceAll(string(b), "\x00", " "))
-		}
-	}
-	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/space-vm/" + id)
-	cg2, _ := filepath.Glob("/sys/fs/cgroup/space-vm/" + id)
-	if len(cgroups)+len(cg2) > 0 {
-		t.Errorf("cgroups left: %v %v", cgroups, cg2)
-	}
-	if matches, _ := filepath.Glob(filepath.Join(dir, "sandboxes", id)); len(matches) > 0 {
-		t.Errorf("sandbox directory left: %v", matches)
-	}
-	if matches, _ := filepath.Glob("/run/space-vm-*/" + id); len(matches) > 0 {
-		t.Errorf("socket directory left: %v", matches)
-	}
 }
 
 // Starting the runtime drops what it derived from templates the store no
