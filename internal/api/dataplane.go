@@ -146,8 +146,8 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 			})
 		case ev.Exited != nil:
 			ex := ev.Exited
-			if ex.Error != nil {
-				sse.jsonEvent("", "error", map[string]any{"code": ex.Error.Code, "message": ex.Error.Message, "exit_code": ex.ExitCode})
+			if ex.ErrorCode != "" {
+				sse.jsonEvent("", "error", map[string]any{"code": ex.ErrorCode, "message": ex.ErrorMessage, "exit_code": ex.ExitCode})
 			} else {
 				e := map[string]any{"exit_code": ex.ExitCode}
 				if ex.Signal != "" {
@@ -204,15 +204,8 @@ func (d *DataPlane) stdin(w http.ResponseWriter, r *http.Request, p params) {
 		if err != nil {
 			return response{}, err
 		}
-		for off := 0; off < len(body) || off == 0; {
-			end := min(off+fileChunk, len(body))
-			if err := ag.Stdin(r.Context(), p["session_id"], body[off:end]); err != nil {
-				return response{}, commands.AgentError("stdin", err)
-			}
-			off = end
-			if off == len(body) {
-				break
-			}
+		if err := ag.Stdin(r.Context(), p["session_id"], body); err != nil {
+			return response{}, err
 		}
 		b, err := marshal(map[string]int{"bytes": len(body)})
 		return response{status: http.StatusOK, body: b}, err
@@ -232,7 +225,7 @@ func (d *DataPlane) closeStdin(w http.ResponseWriter, r *http.Request, p params)
 			return response{}, err
 		}
 		if err := ag.CloseStdin(r.Context(), p["session_id"]); err != nil {
-			return response{}, commands.AgentError("close stdin", err)
+			return response{}, err
 		}
 		b, err := marshal(map[string]bool{"closed": true})
 		return response{status: http.StatusOK, body: b}, err
@@ -261,7 +254,7 @@ func (d *DataPlane) resize(w http.ResponseWriter, r *http.Request, p params) {
 			return response{}, err
 		}
 		if err := ag.Resize(r.Context(), p["session_id"], uint16(req.Cols), uint16(req.Rows)); err != nil {
-			return response{}, commands.AgentError("resize", err)
+			return response{}, err
 		}
 		b, err := marshal(req)
 		return response{status: http.StatusOK, body: b}, err

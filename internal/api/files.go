@@ -8,17 +8,12 @@ import (
 	"path"
 	"strconv"
 
-	"github.com/spacesandbox/space/internal/agent/proto"
-	"github.com/spacesandbox/space/internal/agentclient"
-	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
 // MaxFileSize bounds one file upload.
 const MaxFileSize int64 = 16 << 30
-
-// fileChunk is how much of a file travels per agent call.
-const fileChunk = 1 << 20
 
 // filePath checks a path query parameter: absolute, no NUL. The agent
 // resolves it inside the sandbox; nothing on the host is opened by it.
@@ -47,7 +42,7 @@ func parseMode(s string, def uint32) (uint32, error) {
 
 // fileTarget checks a files request — sandbox id, query parameters (only
 // allowed, always with "path"), path — and finds the running sandbox's agent.
-func (s *Server) fileTarget(r *http.Request, p params, allowed ...string) (*agentclient.Client, string, url.Values, error) {
+func (s *Server) fileTarget(r *http.Request, p params, allowed ...string) (*sandboxio.Agent, string, url.Values, error) {
 	id, err := sandboxID(p)
 	if err != nil {
 		return nil, "", nil, err
@@ -73,9 +68,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
 		s.fail(w, r, err)
 		return
 	}
-	f, err := ag.OpenFile(r.Context(), name, fileChunk)
+	f, err := ag.Open(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, commands.AgentError("read file", err))
+		s.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -110,20 +105,13 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p params) {
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxFileSize)
-	e, err := ag.WriteFile(r.Context(), name, mode, body, fileChunk)
+	e, err := ag.WriteFile(r.Context(), sandboxio.Write{Path: name, Mode: mode}, body)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			s.fail(w, r, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize))
-			return
+			err = errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize)
 		}
-		var pe *proto.Error
-		if !errors.As(err, &pe) && !errors.Is(err, agentclient.ErrClosed) {
-			// The upload itself broke (the client went away mid-body).
-			s.fail(w, r, errdefs.Wrap(errdefs.InvalidArgument, err, "reading the request body failed"))
-			return
-		}
-		s.fail(w, r, commands.AgentError("write file", err))
+		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, r, s.log, http.StatusOK, e)
@@ -147,7 +135,7 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) {
 			return response{}, errdefs.New(errdefs.InvalidArgument, "DELETE takes no body")
 		}
 		if err := ag.Remove(r.Context(), name, recursive); err != nil {
-			return response{}, commands.AgentError("delete file", err)
+			return response{}, err
 		}
 		b, err := marshal(map[string]string{"path": name})
 		return response{status: http.StatusOK, body: b}, err
@@ -169,7 +157,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p params) {
 	}
 	l, err := ag.List(r.Context(), name, depth)
 	if err != nil {
-		s.fail(w, r, commands.AgentError("list files", err))
+		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, r, s.log, http.StatusOK, l)
@@ -183,7 +171,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request, p params) {
 	}
 	e, err := ag.Stat(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, commands.AgentError("stat file", err))
+		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, r, s.log, http.StatusOK, e)
@@ -218,9 +206,9 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request, p params) {
 		if err != nil {
 			return response{}, err
 		}
-		e, err := ag.Mkdir(r.Context(), name, mode)
+		e, err := ag.MakeDir(r.Context(), sandboxio.Mkdir{Path: name, Mode: mode})
 		if err != nil {
-			return response{}, commands.AgentError("mkdir", err)
+			return response{}, err
 		}
 		b, err := marshal(e)
 		return response{status: http.StatusOK, body: b}, err
@@ -248,7 +236,7 @@ func (s *Server) moveFile(w http.ResponseWriter, r *http.Request, p params) {
 		}
 		e, err := ag.Move(r.Context(), from, to)
 		if err != nil {
-			return response{}, commands.AgentError("move", err)
+			return response{}, err
 		}
 		b, err := marshal(e)
 		return response{status: http.StatusOK, body: b}, err

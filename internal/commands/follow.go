@@ -8,15 +8,14 @@ import (
 	"math"
 	"time"
 
-	"github.com/spacesandbox/space/internal/agent/proto"
-	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
 // Event is one step of a followed process: a chunk of output, a resync
 // notice, the process's exit, or a quiet spell (nothing came in the wait).
 type Event struct {
-	// Chunk: Seq, Stream (proto.Stdout, proto.Stderr) and Data.
+	// Chunk: Seq, Stream (sandboxio.Stdout, sandboxio.Stderr) and Data.
 	Seq    uint64
 	Stream string
 	Data   []byte
@@ -28,11 +27,11 @@ type Event struct {
 	Resync   bool
 	ResumeAt uint64
 	// Exited: the process is gone and every chunk was delivered.
-	Exited *proto.Process
+	Exited *sandboxio.Process
 	// Quiet: nothing happened during the wait; a keepalive is due.
 	Quiet bool
 	// Started: Follow started the process (start=true); its status.
-	Started *proto.Process
+	Started *sandboxio.Process
 }
 
 // holdEvery is how often a reader busy with a slow client tells the agent
@@ -64,9 +63,9 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 	sub := newSubscriber()
 	if start {
 		// The agent registers this reader before it starts the process.
-		p, err := ag.StartProcessFor(ctx, proto.StartRequest{ID: processID, Subscriber: sub, After: min(after, FollowAll-1)})
+		p, err := ag.StartProcess(ctx, processID, sub, min(after, FollowAll-1))
 		if err != nil {
-			return AgentError("start process", err)
+			return err
 		}
 		if err := emit(Event{Started: &p}); err != nil {
 			return err
@@ -77,7 +76,7 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type batch struct {
-		out   agentclient.Output
+		out   sandboxio.Output
 		after uint64 // what the read asked for
 		err   error
 	}
@@ -88,11 +87,7 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 			asked := after
 			out, err := ag.ReadOutput(rctx, processID, asked, 1<<20, wait, sub)
 			if err != nil {
-				var pe *proto.Error
-				switch {
-				case errors.As(err, &pe):
-					err = AgentError("read output", err)
-				case rctx.Err() == nil:
+				if !sandboxio.Refused(err) && rctx.Err() == nil {
 					// The agent went away (paused, suspended, restored,
 					// deleted). Reach it again while the sandbox runs;
 					// otherwise the stream is incomplete.
@@ -175,7 +170,7 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 }
 
 // reacquire waits briefly for a running sandbox's agent to answer again.
-func (s *Service) reacquire(ctx context.Context, sandboxID string) (*agentclient.Client, error) {
+func (s *Service) reacquire(ctx context.Context, sandboxID string) (*sandboxio.Agent, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ag, _, err := s.cfg.Agents.Agent(ctx, sandboxID)

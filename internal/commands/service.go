@@ -6,26 +6,24 @@ package commands
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
 	"time"
 
-	"github.com/spacesandbox/space/internal/agent/proto"
-	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
 // Agents finds the agent of a running sandbox.
 type Agents interface {
 	// Agent returns a sandbox's agent: NotFound for an unknown sandbox,
 	// FailedPrecondition (naming the state) when it is not running.
-	Agent(ctx context.Context, sandboxID string) (*agentclient.Client, *sandbox.Sandbox, error)
+	Agent(ctx context.Context, sandboxID string) (*sandboxio.Agent, *sandbox.Sandbox, error)
 	// Attached marks an open event stream on a sandbox until release: the
 	// sandbox is not idle meanwhile.
 	Attached(sandboxID string) (release func())
@@ -34,7 +32,7 @@ type Agents interface {
 // Config wires a Service.
 type Config struct {
 	Agents Agents
-	Signer *Signer
+	Signer *auth.Signer
 	// DataPlaneURL is the data plane's public base URL (http://host:port).
 	DataPlaneURL string
 	// TokenTTL is how long an attachment token is valid (default 24 h).
@@ -60,7 +58,7 @@ func New(cfg Config) *Service {
 }
 
 // Signer returns the attachment token signer.
-func (s *Service) Signer() *Signer { return s.cfg.Signer }
+func (s *Service) Signer() *auth.Signer { return s.cfg.Signer }
 
 // Agents returns where agents are found.
 func (s *Service) Agents() Agents { return s.cfg.Agents }
@@ -124,15 +122,15 @@ type ErrorInfo struct {
 }
 
 // FromAgent converts the agent's process status.
-func FromAgent(p proto.Process) Process {
+func FromAgent(p sandboxio.Process) Process {
 	out := Process{ID: p.ID, State: p.State, Command: p.Argv, Cwd: p.Cwd, PTY: p.PTY, PID: p.PID, User: p.User, ExitCode: p.ExitCode,
 		StartedAt: p.StartedAt, ExitedAt: p.ExitedAt, CreatedAt: p.CreatedAt}
 	if p.Signal != "" {
 		sig := p.Signal
 		out.Signal = &sig
 	}
-	if p.Error != nil {
-		out.Error = &ErrorInfo{Code: p.Error.Code, Message: p.Error.Message}
+	if p.ErrorCode != "" {
+		out.Error = &ErrorInfo{Code: p.ErrorCode, Message: p.ErrorMessage}
 	}
 	if out.Command == nil {
 		out.Command = []string{}
@@ -220,16 +218,16 @@ func (s *Service) Create(ctx context.Context, sandboxID string, req CreateReques
 	for k, v := range req.Env {
 		env[k] = v
 	}
-	spec := proto.ProcessSpec{ID: ids.New(ids.Process), Argv: req.Command, Env: env, Cwd: req.Cwd, Timeout: timeout, Stdin: req.Stdin,
+	spec := sandboxio.Spec{ID: ids.New(ids.Process), Argv: req.Command, Env: env, Cwd: req.Cwd, Timeout: timeout, Stdin: req.Stdin,
 		User: req.User, Tag: req.Tag}
 	if req.PTY != nil {
-		spec.PTY = &proto.PTY{Cols: req.PTY.Cols, Rows: req.PTY.Rows}
+		spec.PTYCols, spec.PTYRows = req.PTY.Cols, req.PTY.Rows
 	}
 	if _, err := ag.CreateProcess(ctx, spec); err != nil {
-		return nil, AgentError("create process", err)
+		return nil, err
 	}
 	exp := time.Now().Add(s.cfg.TokenTTL).UTC().Truncate(time.Second)
-	tok := s.cfg.Signer.Issue(Claims{Session: spec.ID, Sandbox: sandboxID, Expires: exp.Unix(), Token: auth.TokenID(ctx)})
+	tok := s.cfg.Signer.Issue(auth.Claims{Session: spec.ID, Sandbox: sandboxID, Expires: exp.Unix(), Token: auth.TokenID(ctx)})
 	s.log.Info("command session created", "sandbox_id", sandboxID, "process_id", spec.ID)
 	return &Session{SessionID: spec.ID, ProcessID: spec.ID, Attach: Attach{
 		URL: strings.TrimRight(s.cfg.DataPlaneURL, "/") + "/v1/sessions/" + spec.ID + "/events", Token: tok, ExpiresAt: exp,
@@ -244,9 +242,9 @@ func (s *Service) Get(ctx context.Context, sandboxID, processID string) (*Proces
 	}
 	p, err := ag.GetProcess(ctx, processID)
 	if err != nil {
-		return nil, AgentError("get process", err)
+		return nil, err
 	}
-	if p.State == proto.ProcPending {
+	if p.State == sandboxio.ProcPending {
 		return nil, errdefs.New(errdefs.NotFound, "process %s has not started: attach to its session to start it", processID)
 	}
 	out := FromAgent(p)
@@ -259,9 +257,9 @@ func (s *Service) List(ctx context.Context, sandboxID string) ([]Process, error)
 	if err != nil {
 		return nil, err
 	}
-	ps, err := ag.ListProcesses(ctx)
+	ps, err := ag.Processes(ctx)
 	if err != nil {
-		return nil, AgentError("list processes", err)
+		return nil, err
 	}
 	out := make([]Process, 0, len(ps))
 	for _, p := range ps {
@@ -280,33 +278,9 @@ func (s *Service) Signal(ctx context.Context, sandboxID, processID, sig string) 
 		return err
 	}
 	if p, err := ag.GetProcess(ctx, processID); err != nil {
-		return AgentError("signal", err)
-	} else if p.State == proto.ProcPending {
+		return err
+	} else if p.State == sandboxio.ProcPending {
 		return errdefs.New(errdefs.NotFound, "process %s has not started", processID)
 	}
-	if err := ag.Signal(ctx, processID, sig); err != nil {
-		return AgentError("signal", err)
-	}
-	return nil
-}
-
-// AgentError maps an agent call's failure to an error kind: the agent's own
-// codes keep their meaning, a lost connection is Unavailable.
-func AgentError(step string, err error) error {
-	var pe *proto.Error
-	if errors.As(err, &pe) {
-		kind := map[string]*errdefs.Kind{
-			proto.CodeInvalidArgument: errdefs.InvalidArgument, proto.CodeNotFound: errdefs.NotFound,
-			proto.CodeFailedPrecondition: errdefs.FailedPrecondition, proto.CodeAlreadyExists: errdefs.Conflict,
-			proto.CodePermissionDenied: errdefs.PermissionDenied, proto.CodeResourceExhausted: errdefs.ResourceExhausted,
-		}[pe.Code]
-		if kind == nil {
-			kind = errdefs.Internal
-		}
-		return errdefs.Wrap(kind, err, "%s", pe.Message)
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, agentclient.ErrClosed) {
-		return errdefs.Wrap(errdefs.Unavailable, err, "%s: the sandbox's agent did not answer", step)
-	}
-	return fmt.Errorf("%s: %w", step, err)
+	return ag.Signal(ctx, processID, sig)
 }

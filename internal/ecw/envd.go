@@ -17,14 +17,12 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/spacesandbox/space/internal/agent/proto"
-	"github.com/spacesandbox/space/internal/agentclient"
-	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/ecw/gen/filesystem/filesystemconnect"
 	"github.com/spacesandbox/space/internal/ecw/gen/process/processconnect"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
 // DefaultUser is the user envd requests act as when they name none (E2B's).
@@ -63,7 +61,7 @@ func (s *Server) mountRPC(m *http.ServeMux, wrap func(http.Handler) http.Handler
 // sandboxCtx is the sandbox an envd request acts in.
 type sandboxCtx struct {
 	sb    *sandbox.Sandbox
-	agent *agentclient.Client
+	agent *sandboxio.Agent
 	user  string // from ?username= or Authorization: Basic
 }
 
@@ -166,13 +164,13 @@ func resolvePath(ctx context.Context, sc *sandboxCtx, p string) (string, error) 
 }
 
 // homeOf finds a user's home in the sandbox's /etc/passwd.
-func homeOf(ctx context.Context, ag *agentclient.Client, user string) string {
+func homeOf(ctx context.Context, ag *sandboxio.Agent, user string) string {
 	def := "/home/" + user
 	if user == "root" || user == "0" {
 		def = "/root"
 	}
-	res, data, err := ag.ReadFile(ctx, "/etc/passwd", 0, 1<<20)
-	if err != nil || res.Size > 1<<20 {
+	data, err := ag.ReadSmall(ctx, "/etc/passwd", 1<<20)
+	if err != nil {
 		return def
 	}
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
@@ -186,8 +184,7 @@ func homeOf(ctx context.Context, ag *agentclient.Client, user string) string {
 }
 
 // fileError maps an agent's file failure to what envd answers.
-func fileError(step string, err error) error {
-	err = commands.AgentError(step, err)
+func fileError(err error) error {
 	if errors.Is(err, errdefs.ResourceExhausted) {
 		_, msg, _ := errdefs.Public(err)
 		return errdefs.New(kindNoSpace, "%s", msg)
@@ -211,9 +208,9 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx
 		s.fail(w, r, err)
 		return
 	}
-	f, err := sc.agent.OpenFile(r.Context(), name, fileChunk)
+	f, err := sc.agent.Open(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, fileError("read file", err))
+		s.fail(w, r, fileError(err))
 		return
 	}
 	s.cfg.Engine.Touch(sc.sb.ID)
@@ -269,16 +266,12 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) 
 		if err != nil {
 			return entryInfo{}, err
 		}
-		if _, err := sc.agent.WriteFileAs(ctx, proto.WriteBegin{Path: name, Mode: 0o644, User: sc.user}, data, fileChunk); err != nil {
+		if _, err := sc.agent.WriteFile(ctx, sandboxio.Write{Path: name, Mode: 0o644, User: sc.user}, data); err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) || errors.Is(err, errTooLarge) {
 				return entryInfo{}, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize)
 			}
-			var pe *proto.Error
-			if !errors.As(err, &pe) && !errors.Is(err, agentclient.ErrClosed) {
-				return entryInfo{}, errdefs.Wrap(errdefs.InvalidArgument, err, "reading the request body failed")
-			}
-			return entryInfo{}, fileError("write file", err)
+			return entryInfo{}, fileError(err)
 		}
 		return entryInfo{Name: path.Base(name), Type: "file", Path: name}, nil
 	}

@@ -13,12 +13,10 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/spacesandbox/space/internal/agent/proto"
-	"github.com/spacesandbox/space/internal/agentclient"
-	"github.com/spacesandbox/space/internal/commands"
 	pb "github.com/spacesandbox/space/internal/ecw/gen/filesystem"
 	"github.com/spacesandbox/space/internal/ecw/gen/filesystem/filesystemconnect"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
 // filesystemService is envd's filesystem.Filesystem on the sandbox's agent.
@@ -34,7 +32,7 @@ var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
 
 // entryInfo converts an agent entry to envd's: mode carries Go's file-mode
 // type bits, permissions its string form ("-rw-r--r--").
-func toEntry(e proto.Entry) *pb.EntryInfo {
+func toEntry(e sandboxio.Entry) *pb.EntryInfo {
 	perm, _ := strconv.ParseUint(e.Mode, 8, 32)
 	mode := fs.FileMode(perm)
 	out := &pb.EntryInfo{Name: e.Name, Path: e.Path, Size: e.Size, Owner: e.Owner, Group: e.Group, ModifiedTime: timestamppb.New(e.ModTime)}
@@ -73,7 +71,7 @@ func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[pb.St
 	}
 	e, err := sc.agent.Stat(ctx, name)
 	if err != nil {
-		return nil, commands.AgentError("stat", err)
+		return nil, err
 	}
 	return connect.NewResponse(&pb.StatResponse{Entry: toEntry(e)}), nil
 }
@@ -90,9 +88,9 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[pb
 		}
 		return nil, errdefs.New(errdefs.InvalidArgument, "%s exists and is not a directory", name)
 	}
-	e, err := sc.agent.MkdirAs(ctx, proto.MkdirRequest{Path: name, User: sc.user})
+	e, err := sc.agent.MakeDir(ctx, sandboxio.Mkdir{Path: name, User: sc.user})
 	if err != nil {
-		return nil, commands.AgentError("make directory", err)
+		return nil, err
 	}
 	return connect.NewResponse(&pb.MakeDirResponse{Entry: toEntry(e)}), nil
 }
@@ -108,7 +106,7 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[pb.Mo
 	}
 	e, err := sc.agent.Move(ctx, from, to)
 	if err != nil {
-		return nil, commands.AgentError("move", err)
+		return nil, err
 	}
 	return connect.NewResponse(&pb.MoveResponse{Entry: toEntry(e)}), nil
 }
@@ -127,7 +125,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[pb
 	}
 	l, err := sc.agent.List(ctx, name, depth)
 	if err != nil {
-		return nil, commands.AgentError("list directory", err)
+		return nil, err
 	}
 	out := &pb.ListDirResponse{Entries: make([]*pb.EntryInfo, 0, len(l.Items))}
 	for _, e := range l.Items {
@@ -143,7 +141,7 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[pb.
 		return nil, err
 	}
 	if err := sc.agent.Remove(ctx, name, true); err != nil {
-		return nil, commands.AgentError("remove", err)
+		return nil, err
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil
 }
@@ -161,9 +159,9 @@ const maxWatcherEvents = 10000
 // watcherIdle removes a watcher nobody asked for events this long.
 const watcherIdle = 10 * time.Minute
 
-type snapshot map[string]proto.Entry
+type snapshot map[string]sandboxio.Entry
 
-func look(ctx context.Context, ag *agentclient.Client, dir string, recursive bool) (snapshot, error) {
+func look(ctx context.Context, ag *sandboxio.Agent, dir string, recursive bool) (snapshot, error) {
 	depth := 1
 	if recursive {
 		depth = 16
@@ -182,7 +180,7 @@ func look(ctx context.Context, ag *agentclient.Client, dir string, recursive boo
 // diff lists the events between two looks, names relative to dir.
 func diff(dir string, before, after snapshot, withEntry bool) []*pb.FilesystemEvent {
 	var out []*pb.FilesystemEvent
-	ev := func(e proto.Entry, t pb.EventType) {
+	ev := func(e sandboxio.Entry, t pb.EventType) {
 		name := e.Path[len(dir):]
 		if len(name) > 0 && name[0] == '/' {
 			name = name[1:]
@@ -220,7 +218,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[p
 	}
 	prev, err := look(ctx, sc.agent, name, req.Msg.GetRecursive())
 	if err != nil {
-		return commands.AgentError("watch directory", err)
+		return err
 	}
 	if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Start{Start: &pb.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
@@ -276,7 +274,7 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	recursive, withEntry := req.Msg.GetRecursive(), req.Msg.GetIncludeEntry()
 	prev, err := look(ctx, sc.agent, name, recursive)
 	if err != nil {
-		return nil, commands.AgentError("watch directory", err)
+		return nil, err
 	}
 	var b [12]byte
 	rand.Read(b[:])
@@ -360,7 +358,7 @@ func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.R
 	w.mu.Unlock()
 	if werr != nil {
 		f.drop(req.Msg.GetWatcherId())
-		return nil, commands.AgentError("watch directory", werr)
+		return nil, werr
 	}
 	if evs == nil {
 		evs = []*pb.FilesystemEvent{}

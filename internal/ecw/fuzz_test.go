@@ -4,18 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/spacesandbox/space/internal/agent"
-	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/sandboxio/sandboxiotest"
 )
 
 // fuzzProcedures are the RPCs fuzzed: every one that cannot start a host
@@ -30,47 +27,12 @@ var fuzzProcedures = []string{
 
 var fuzzContentTypes = []string{"application/json", "application/connect+json", "application/proto", "application/connect+proto", "application/grpc", "text/plain"}
 
-// startHostAgent runs a real agent as a host process confined to a temporary
-// root, over a socket pair.
-func startHostAgent(f *testing.F) *agentclient.Client {
-	root := f.TempDir()
-	os.MkdirAll(root+"/etc", 0o755)
-	os.WriteFile(root+"/etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
-	a, err := agent.New(agent.Config{Root: root})
-	if err != nil {
-		f.Fatal(err)
-	}
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		f.Fatal(err)
-	}
-	conn := func(fd int) net.Conn {
-		file := os.NewFile(uintptr(fd), "sock")
-		defer file.Close()
-		c, err := net.FileConn(file)
-		if err != nil {
-			f.Fatal(err)
-		}
-		return c
-	}
-	hostSide, agentSide := conn(fds[0]), conn(fds[1])
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { a.Serve(ctx, agentSide); close(done) }()
-	c, err := agentclient.Dial(ctx, hostSide)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { c.Close(); cancel(); <-done; a.Close() })
-	return c
-}
-
 // FuzzConnectEnvelope sends arbitrary bytes as the body of envd's Connect
 // RPCs (unary JSON, enveloped streams, other codecs): whatever arrives, the
 // answer is a well-formed Connect response or error, never a panic or a hang.
 func FuzzConnectEnvelope(f *testing.F) {
-	ag := startHostAgent(f)
-	s := New(Config{Commands: commands.New(commands.Config{Signer: commands.NewSigner(bytes.Repeat([]byte{7}, 32))})})
+	ag := sandboxiotest.Start(f).Agent
+	s := New(Config{Commands: commands.New(commands.Config{Signer: auth.NewSigner(bytes.Repeat([]byte{7}, 32))})})
 	sc := &sandboxCtx{sb: &sandbox.Sandbox{ID: "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa", State: sandbox.Running}, agent: ag, user: "root"}
 	mux := http.NewServeMux()
 	s.mountRPC(mux, func(h http.Handler) http.Handler {

@@ -8,11 +8,11 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/spacesandbox/space/internal/agent/proto"
 	"github.com/spacesandbox/space/internal/commands"
 	pb "github.com/spacesandbox/space/internal/ecw/gen/process"
 	"github.com/spacesandbox/space/internal/ecw/gen/process/processconnect"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
 // processService is envd's process.Process on SPACE command sessions.
@@ -79,7 +79,7 @@ func (p *processService) follow(ctx context.Context, sandboxID, processID string
 		switch {
 		case pty:
 			data.Output = &pb.ProcessEvent_DataEvent_Pty{Pty: ev.Data}
-		case ev.Stream == proto.Stderr:
+		case ev.Stream == sandboxio.Stderr:
 			data.Output = &pb.ProcessEvent_DataEvent_Stderr{Stderr: ev.Data}
 		default:
 			data.Output = &pb.ProcessEvent_DataEvent_Stdout{Stdout: ev.Data}
@@ -94,7 +94,7 @@ func (p *processService) follow(ctx context.Context, sandboxID, processID string
 }
 
 // endEvent is envd's end: exit code, and a status like Go's ProcessState.
-func endEvent(ex *proto.Process) *pb.ProcessEvent_EndEvent {
+func endEvent(ex *sandboxio.Process) *pb.ProcessEvent_EndEvent {
 	end := &pb.ProcessEvent_EndEvent{Exited: true}
 	code := -1
 	if ex.ExitCode != nil {
@@ -108,22 +108,22 @@ func endEvent(ex *proto.Process) *pb.ProcessEvent_EndEvent {
 	default:
 		end.Status = fmt.Sprintf("exit status %d", code)
 	}
-	if ex.Error != nil {
-		msg := ex.Error.Message
+	if ex.ErrorCode != "" {
+		msg := ex.ErrorMessage
 		end.Error = &msg
 	}
 	return end
 }
 
 // find resolves a selector (pid or tag) among the running processes.
-func (p *processService) find(ctx context.Context, sel *pb.ProcessSelector) (proto.Process, error) {
+func (p *processService) find(ctx context.Context, sel *pb.ProcessSelector) (sandboxio.Process, error) {
 	sc := sandboxFrom(ctx)
 	if sel == nil || sel.Selector == nil {
-		return proto.Process{}, errdefs.New(errdefs.InvalidArgument, "process selector (pid or tag) is required")
+		return sandboxio.Process{}, errdefs.New(errdefs.InvalidArgument, "process selector (pid or tag) is required")
 	}
-	ps, err := sc.agent.ListProcesses(ctx)
+	ps, err := sc.agent.Processes(ctx)
 	if err != nil {
-		return proto.Process{}, commands.AgentError("list processes", err)
+		return sandboxio.Process{}, err
 	}
 	for _, pr := range ps {
 		switch s := sel.Selector.(type) {
@@ -139,11 +139,11 @@ func (p *processService) find(ctx context.Context, sel *pb.ProcessSelector) (pro
 	}
 	switch s := sel.Selector.(type) {
 	case *pb.ProcessSelector_Pid:
-		return proto.Process{}, errdefs.New(errdefs.NotFound, "process with pid %d not found", s.Pid)
+		return sandboxio.Process{}, errdefs.New(errdefs.NotFound, "process with pid %d not found", s.Pid)
 	case *pb.ProcessSelector_Tag:
-		return proto.Process{}, errdefs.New(errdefs.NotFound, "process with tag %q not found", s.Tag)
+		return sandboxio.Process{}, errdefs.New(errdefs.NotFound, "process with tag %q not found", s.Tag)
 	}
-	return proto.Process{}, errdefs.New(errdefs.InvalidArgument, "unknown process selector")
+	return sandboxio.Process{}, errdefs.New(errdefs.InvalidArgument, "unknown process selector")
 }
 
 // Connect follows a running process: the output the sandbox still retains
@@ -163,9 +163,9 @@ func (p *processService) Connect(ctx context.Context, req *connect.Request[pb.Co
 
 func (p *processService) List(ctx context.Context, _ *connect.Request[pb.ListRequest]) (*connect.Response[pb.ListResponse], error) {
 	sc := sandboxFrom(ctx)
-	ps, err := sc.agent.ListProcesses(ctx)
+	ps, err := sc.agent.Processes(ctx)
 	if err != nil {
-		return nil, commands.AgentError("list processes", err)
+		return nil, err
 	}
 	out := &pb.ListResponse{Processes: []*pb.ProcessInfo{}}
 	for _, pr := range ps {
@@ -208,13 +208,10 @@ func (p *processService) input(ctx context.Context, id string, in *pb.ProcessInp
 	default:
 		data = in.GetStdin()
 	}
-	ag := sandboxFrom(ctx).agent
-	for off := 0; off < len(data); off += fileChunk {
-		if err := ag.Stdin(ctx, id, data[off:min(off+fileChunk, len(data))]); err != nil {
-			return commands.AgentError("stdin", err)
-		}
+	if len(data) == 0 {
+		return nil
 	}
-	return nil
+	return sandboxFrom(ctx).agent.Stdin(ctx, id, data)
 }
 
 func (p *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[pb.StreamInputRequest]) (*connect.Response[pb.StreamInputResponse], error) {
@@ -252,7 +249,7 @@ func (p *processService) SendSignal(ctx context.Context, req *connect.Request[pb
 		return nil, err
 	}
 	if err := sandboxFrom(ctx).agent.Signal(ctx, pr.ID, sig); err != nil {
-		return nil, commands.AgentError("signal", err)
+		return nil, err
 	}
 	return connect.NewResponse(&pb.SendSignalResponse{}), nil
 }
@@ -263,7 +260,7 @@ func (p *processService) CloseStdin(ctx context.Context, req *connect.Request[pb
 		return nil, err
 	}
 	if err := sandboxFrom(ctx).agent.CloseStdin(ctx, pr.ID); err != nil {
-		return nil, commands.AgentError("close stdin", err)
+		return nil, err
 	}
 	return connect.NewResponse(&pb.CloseStdinResponse{}), nil
 }
@@ -279,7 +276,7 @@ func (p *processService) Update(ctx context.Context, req *connect.Request[pb.Upd
 			return nil, errdefs.New(errdefs.InvalidArgument, "pty size must be between 1 and 10000")
 		}
 		if err := sandboxFrom(ctx).agent.Resize(ctx, pr.ID, uint16(cols), uint16(rows)); err != nil {
-			return nil, commands.AgentError("resize", err)
+			return nil, err
 		}
 	}
 	return connect.NewResponse(&pb.UpdateResponse{}), nil

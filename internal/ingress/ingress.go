@@ -19,7 +19,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/httpguard"
 	"github.com/spacesandbox/space/internal/ids"
@@ -39,7 +39,7 @@ type Config struct {
 	Sandbox func(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	// Dial connects to a port of a running sandbox.
 	Dial   func(ctx context.Context, id string, port int) (net.Conn, error)
-	Signer *commands.Signer
+	Signer *auth.Signer
 	// Domain is the suffix of sandbox host names (may carry a port).
 	Domain string
 }

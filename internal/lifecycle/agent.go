@@ -6,15 +6,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spacesandbox/space/internal/agent/proto"
-	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
 // Agent returns the agent of a running sandbox (commands.Agents).
-func (e *Engine) Agent(ctx context.Context, id string) (*agentclient.Client, *sandbox.Sandbox, error) {
+func (e *Engine) Agent(ctx context.Context, id string) (*sandboxio.Agent, *sandbox.Sandbox, error) {
 	sb, err := e.store.GetSandbox(ctx, id)
 	if err != nil {
 		return nil, nil, err
@@ -34,7 +33,7 @@ func (e *Engine) Agent(ctx context.Context, id string) (*agentclient.Client, *sa
 	if err != nil {
 		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "the agent of sandbox %s is not answering", id)
 	}
-	return c, sb, nil
+	return sandboxio.Wrap(c), sb, nil
 }
 
 // Hostname is the hostname a sandbox gets: its id in a form hostnames allow.
@@ -54,16 +53,15 @@ func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.
 		e.log.Debug("no agent to configure", "sandbox_id", spec.SandboxID, "err", err)
 		return
 	}
-	cfg := proto.Configure{UnixNano: time.Now().UnixNano()}
+	id := sandboxio.Identity{Now: time.Now(), Entropy: make([]byte, 64)}
 	if withHostname {
-		cfg.Hostname = Hostname(spec.SandboxID)
+		id.Hostname = Hostname(spec.SandboxID)
 		if n := spec.Net; n != nil {
-			cfg.Network = &proto.NetConfig{Address: n.Address.String(), Gateway: n.Gateway.String(), DNS: n.DNS.String()}
+			id.Address, id.Gateway, id.DNS = n.Address, n.Gateway, n.DNS
 		}
 	}
-	entropy := make([]byte, 64)
-	rand.Read(entropy)
-	if _, err := c.Configure(actx, cfg, entropy); err != nil {
+	rand.Read(id.Entropy)
+	if err := sandboxio.Wrap(c).Configure(actx, id); err != nil {
 		e.log.Warn("configure sandbox identity", "sandbox_id", spec.SandboxID, "err", err)
 	}
 }
@@ -76,7 +74,7 @@ func (e *Engine) flush(ctx context.Context, rt runtime.Runtime, spec runtime.Spe
 	if err != nil {
 		return
 	}
-	if err := c.Sync(actx); err != nil {
+	if err := sandboxio.Wrap(c).Sync(actx); err != nil {
 		e.log.Warn("flush filesystems before suspend", "sandbox_id", spec.SandboxID, "err", err)
 	}
 }

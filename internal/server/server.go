@@ -167,7 +167,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		apiLn.Close()
 		return fmt.Errorf("listen on %s: %w", cfg.DataPlaneAddr, err)
 	}
-	signer, err := commands.LoadSigner(filepath.Join(cfg.DataDir, AttachKeyFile))
+	signer, err := auth.LoadSigner(filepath.Join(cfg.DataDir, AttachKeyFile))
 	if err != nil {
 		apiLn.Close()
 		dataLn.Close()

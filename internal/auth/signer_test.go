@@ -1,4 +1,4 @@
-package commands
+package auth
 
 import (
 	"errors"
