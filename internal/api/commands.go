@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 )
@@ -16,8 +17,8 @@ func processID(p params) (string, error) {
 	return id, nil
 }
 
-func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		var req commands.CreateRequest
 		id, err := sandboxJSON(r, p, body, &req)
 		if err != nil {
@@ -27,29 +28,27 @@ func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p params)
 		if err != nil {
 			return response{}, err
 		}
-		b, err := marshal(sess)
+		b, err := edge.Marshal(sess)
 		return response{status: http.StatusCreated, body: b, location: "/v1/sandboxes/" + id + "/processes/" + sess.ProcessID}, err
 	})
 }
 
-func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, p params) error {
 	id, err := sandboxID(p)
 	if err == nil {
 		_, err = query(r)
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	ps, err := s.commands.List(r.Context(), id)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, listResponse[commands.Process]{Items: ps})
+	return edge.JSON(w, http.StatusOK, listResponse[commands.Process]{Items: ps})
 }
 
-func (s *Server) getProcess(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) getProcess(w http.ResponseWriter, r *http.Request, p params) error {
 	id, err := sandboxID(p)
 	var pid string
 	if err == nil {
@@ -59,23 +58,21 @@ func (s *Server) getProcess(w http.ResponseWriter, r *http.Request, p params) {
 		_, err = query(r)
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	proc, err := s.commands.Get(r.Context(), id, pid)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, proc)
+	return edge.JSON(w, http.StatusOK, proc)
 }
 
 type signalRequest struct {
 	Signal string `json:"signal"`
 }
 
-func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		var req signalRequest
 		id, err := sandboxJSON(r, p, body, &req)
 		if err != nil {
@@ -88,7 +85,7 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, p params)
 		if err := s.commands.Signal(r.Context(), id, pid, req.Signal); err != nil {
 			return response{}, err
 		}
-		b, err := marshal(map[string]string{"process_id": pid, "signal": req.Signal})
+		b, err := edge.Marshal(map[string]string{"process_id": pid, "signal": req.Signal})
 		return response{status: http.StatusAccepted, body: b}, err
 	})
 }

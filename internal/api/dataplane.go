@@ -9,6 +9,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/httpguard"
 	"github.com/spacesandbox/space/internal/ids"
@@ -25,6 +26,7 @@ type DataPlane struct {
 	log     *slog.Logger
 	idem    *idempotency
 	router  *router
+	edge    *edge.Edge
 	ingress *ingress.Proxy
 	tokens  *auth.Tokens
 	// Keepalive is the longest silence on a stream (api.md: ≤ 15 s).
@@ -48,6 +50,7 @@ type DataPlaneConfig struct {
 func NewDataPlane(cfg DataPlaneConfig) *DataPlane {
 	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: newIdempotency(cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
 	d.router = newRouter(d.Routes())
+	d.edge = &edge.Edge{Listener: "data", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}
 	d.ingress, d.tokens = cfg.Ingress, cfg.Tokens
 	return d
 }
@@ -62,10 +65,6 @@ func (d *DataPlane) Routes() []Route {
 	}
 }
 
-func (d *DataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
-	writeError(w, r, d.log, err)
-}
-
 // ServeHTTP routes a data-plane request and authenticates it with the
 // session's attachment token.
 func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -76,10 +75,10 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if r.URL.Path == "/healthz" && r.Method == http.MethodGet {
-		writeJSON(w, r, d.log, http.StatusOK, map[string]string{"status": "ok"})
+		edge.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
-	serve(w, r, "data", d.router, d.metrics, d.log, func(r *http.Request, p params) (*http.Request, error) {
+	serve(d.edge, d.router, w, r, func(r *http.Request, p params) (*http.Request, error) {
 		sid := p["session_id"]
 		if !ids.Valid(ids.Process, sid) {
 			return nil, errdefs.New(errdefs.NotFound, "no such session")
@@ -108,7 +107,7 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // starts the process. Terminal events: process_exited (success) or error.
 // A stream that ends without one is incomplete; the client reconnects with
 // Last-Event-ID.
-func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
+func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) error {
 	sid, sbx := p["session_id"], p["sandbox_id"]
 	ctx := r.Context()
 	httpguard.Exempt(ctx) // an authenticated stream: not held to the connection cap
@@ -170,33 +169,24 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) {
 	switch {
 	case err == nil || ctx.Err() != nil:
 	case !started:
-		d.fail(w, r, err)
+		return err
 	default:
 		// The sandbox stopped running: the stream ends without a terminal
 		// event, and the client reconnects with Last-Event-ID after wake.
 		d.log.Info("event stream ends: agent unavailable", "session_id", sid, "sandbox_id", sbx, "err", err)
 	}
+	return nil
 }
 
 // MaxStdin bounds one stdin request.
 const MaxStdin = 16 << 20
 
-func (d *DataPlane) mutate(w http.ResponseWriter, r *http.Request, limit int64, handler func(body []byte) (response, error)) {
-	body, err := readBody(w, r, limit)
-	if err != nil {
-		d.fail(w, r, err)
-		return
-	}
-	resp, replayed, err := d.idem.do(w, r, body, func(*idem) (response, error) { return handler(body) })
-	if err != nil {
-		d.fail(w, r, err)
-		return
-	}
-	writeResponse(w, resp, replayed)
+func (d *DataPlane) mutate(w http.ResponseWriter, r *http.Request, limit int64, handler func(body []byte) (response, error)) error {
+	return mutate(w, r, d.idem, limit, func(body []byte, _ *idem) (response, error) { return handler(body) })
 }
 
-func (d *DataPlane) stdin(w http.ResponseWriter, r *http.Request, p params) {
-	d.mutate(w, r, MaxStdin, func(body []byte) (response, error) {
+func (d *DataPlane) stdin(w http.ResponseWriter, r *http.Request, p params) error {
+	return d.mutate(w, r, MaxStdin, func(body []byte) (response, error) {
 		if _, err := query(r); err != nil {
 			return response{}, err
 		}
@@ -207,13 +197,13 @@ func (d *DataPlane) stdin(w http.ResponseWriter, r *http.Request, p params) {
 		if err := ag.Stdin(r.Context(), p["session_id"], body); err != nil {
 			return response{}, err
 		}
-		b, err := marshal(map[string]int{"bytes": len(body)})
+		b, err := edge.Marshal(map[string]int{"bytes": len(body)})
 		return response{status: http.StatusOK, body: b}, err
 	})
 }
 
-func (d *DataPlane) closeStdin(w http.ResponseWriter, r *http.Request, p params) {
-	d.mutate(w, r, MaxJSONBody, func(body []byte) (response, error) {
+func (d *DataPlane) closeStdin(w http.ResponseWriter, r *http.Request, p params) error {
+	return d.mutate(w, r, edge.MaxJSONBody, func(body []byte) (response, error) {
 		if _, err := query(r); err != nil {
 			return response{}, err
 		}
@@ -227,7 +217,7 @@ func (d *DataPlane) closeStdin(w http.ResponseWriter, r *http.Request, p params)
 		if err := ag.CloseStdin(r.Context(), p["session_id"]); err != nil {
 			return response{}, err
 		}
-		b, err := marshal(map[string]bool{"closed": true})
+		b, err := edge.Marshal(map[string]bool{"closed": true})
 		return response{status: http.StatusOK, body: b}, err
 	})
 }
@@ -237,8 +227,8 @@ type resizeRequest struct {
 	Rows int `json:"rows"`
 }
 
-func (d *DataPlane) resize(w http.ResponseWriter, r *http.Request, p params) {
-	d.mutate(w, r, MaxJSONBody, func(body []byte) (response, error) {
+func (d *DataPlane) resize(w http.ResponseWriter, r *http.Request, p params) error {
+	return d.mutate(w, r, edge.MaxJSONBody, func(body []byte) (response, error) {
 		if _, err := query(r); err != nil {
 			return response{}, err
 		}
@@ -256,7 +246,7 @@ func (d *DataPlane) resize(w http.ResponseWriter, r *http.Request, p params) {
 		if err := ag.Resize(r.Context(), p["session_id"], uint16(req.Cols), uint16(req.Rows)); err != nil {
 			return response{}, err
 		}
-		b, err := marshal(req)
+		b, err := edge.Marshal(req)
 		return response{status: http.StatusOK, body: b}, err
 	})
 }

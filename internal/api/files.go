@@ -8,6 +8,7 @@ import (
 	"path"
 	"strconv"
 
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandboxio"
 )
@@ -62,16 +63,14 @@ func (s *Server) fileTarget(r *http.Request, p params, allowed ...string) (*sand
 	return ag, name, q, nil
 }
 
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) error {
 	ag, name, _, err := s.fileTarget(r, p)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	f, err := ag.Open(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	if f.Size >= 0 { // else chunked: a /proc file's size is known at its end
@@ -80,29 +79,27 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p params) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
-		return
+		return nil
 	}
 	// Streamed in chunks: the server never holds more than one in memory.
 	if n, err := io.Copy(w, f); err != nil {
 		s.log.Warn("file read ended early", "sandbox_id", p["id"], "path", name, "sent", n, "size", f.Size, "err", err)
 		panic(http.ErrAbortHandler) // the client sees a truncated body, never a short "success"
 	}
+	return nil
 }
 
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p params) error {
 	if r.ContentLength > MaxFileSize {
-		s.fail(w, r, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize))
-		return
+		return errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize)
 	}
 	ag, name, q, err := s.fileTarget(r, p, "mode")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	mode, err := parseMode(q.Get("mode"), 0o644)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	body := http.MaxBytesReader(w, r.Body, MaxFileSize)
 	e, err := ag.WriteFile(r.Context(), sandboxio.Write{Path: name, Mode: mode}, body)
@@ -111,14 +108,13 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p params) {
 		if errors.As(err, &tooBig) {
 			err = errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize)
 		}
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, e)
+	return edge.JSON(w, http.StatusOK, e)
 }
 
-func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		ag, name, q, err := s.fileTarget(r, p, "recursive")
 		if err != nil {
 			return response{}, err
@@ -137,44 +133,39 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p params) {
 		if err := ag.Remove(r.Context(), name, recursive); err != nil {
 			return response{}, err
 		}
-		b, err := marshal(map[string]string{"path": name})
+		b, err := edge.Marshal(map[string]string{"path": name})
 		return response{status: http.StatusOK, body: b}, err
 	})
 }
 
-func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, p params) error {
 	ag, name, q, err := s.fileTarget(r, p, "depth")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	depth := 1
 	if d := q.Get("depth"); d != "" {
 		if depth, err = strconv.Atoi(d); err != nil || depth < 1 || depth > 16 {
-			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "depth must be an integer between 1 and 16"))
-			return
+			return errdefs.New(errdefs.InvalidArgument, "depth must be an integer between 1 and 16")
 		}
 	}
 	l, err := ag.List(r.Context(), name, depth)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, l)
+	return edge.JSON(w, http.StatusOK, l)
 }
 
-func (s *Server) statFile(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) statFile(w http.ResponseWriter, r *http.Request, p params) error {
 	ag, name, _, err := s.fileTarget(r, p)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	e, err := ag.Stat(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, e)
+	return edge.JSON(w, http.StatusOK, e)
 }
 
 type mkdirRequest struct {
@@ -187,8 +178,8 @@ type moveRequest struct {
 	To   string `json:"to"`
 }
 
-func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		var req mkdirRequest
 		id, err := sandboxJSON(r, p, body, &req)
 		if err != nil {
@@ -210,13 +201,13 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request, p params) {
 		if err != nil {
 			return response{}, err
 		}
-		b, err := marshal(e)
+		b, err := edge.Marshal(e)
 		return response{status: http.StatusOK, body: b}, err
 	})
 }
 
-func (s *Server) moveFile(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) moveFile(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		var req moveRequest
 		id, err := sandboxJSON(r, p, body, &req)
 		if err != nil {
@@ -238,7 +229,7 @@ func (s *Server) moveFile(w http.ResponseWriter, r *http.Request, p params) {
 		if err != nil {
 			return response{}, err
 		}
-		b, err := marshal(e)
+		b, err := edge.Marshal(e)
 		return response{status: http.StatusOK, body: b}, err
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -51,7 +52,7 @@ func (i *idem) render(status int, location func(*sandbox.Sandbox, *sandbox.Opera
 	return func(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Completion {
 		loc := location(sb, op)
 		return &store.Completion{Key: i.key, Status: status, Location: loc, Body: func() ([]byte, error) {
-			b, err := marshal(build(sb, op))
+			b, err := edge.Marshal(build(sb, op))
 			if err == nil {
 				i.completed = true
 				i.resp = response{status: status, body: b, location: loc}
@@ -210,5 +211,5 @@ func writeResponse(w http.ResponseWriter, resp response, replayed bool) {
 	if replayed {
 		w.Header().Set(HeaderReplayed, "true")
 	}
-	writeRaw(w, resp.status, resp.body)
+	edge.Raw(w, resp.status, resp.body)
 }

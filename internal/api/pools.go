@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/templates"
 )
 
@@ -18,25 +19,23 @@ func poolTemplate(p params) (string, error) {
 	return ref, nil
 }
 
-func (s *Server) getWarmPool(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) getWarmPool(w http.ResponseWriter, r *http.Request, p params) error {
 	ref, err := poolTemplate(p)
 	if err == nil {
 		_, err = query(r)
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	wp, err := s.engine.WarmPool(r.Context(), ref)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, wp)
+	return edge.JSON(w, http.StatusOK, wp)
 }
 
-func (s *Server) putWarmPool(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) putWarmPool(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		ref, err := poolTemplate(p)
 		if err != nil {
 			return response{}, err
@@ -55,7 +54,7 @@ func (s *Server) putWarmPool(w http.ResponseWriter, r *http.Request, p params) {
 		if err != nil {
 			return response{}, err
 		}
-		b, err := marshal(wp)
+		b, err := edge.Marshal(wp)
 		return response{status: http.StatusOK, body: b}, err
 	})
 }

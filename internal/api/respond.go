@@ -3,19 +3,11 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
-	"log/slog"
 	"mime"
-	"net/http"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/jsonbody"
 )
-
-// MaxJSONBody bounds every JSON request body.
-const MaxJSONBody = 1 << 20
 
 type errorBody struct {
 	Error errorDetail `json:"error"`
@@ -27,57 +19,13 @@ type errorDetail struct {
 	Details map[string]any `json:"details,omitempty"`
 }
 
-// errorResponse renders err as the API's error envelope. Errors without a
+// errorResponse renders err as the API's error envelope (the Render of its
+// listeners' edges). Errors without a
 // kind are internal: their text goes to the log, never to the client.
 func errorResponse(err error) (int, []byte) {
 	kind, msg, details := errdefs.Public(err)
 	b, _ := json.Marshal(errorBody{Error: errorDetail{Code: kind.Code, Message: msg, Details: details}})
 	return kind.Status, append(b, '\n')
-}
-
-func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	status, body := errorResponse(err)
-	if status >= 500 {
-		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	}
-	writeRaw(w, status, body)
-}
-
-func writeRaw(w http.ResponseWriter, status int, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(body)
-}
-
-func marshal(v any) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("encode response: %w", err)
-	}
-	return append(b, '\n'), nil
-}
-
-func writeJSON(w http.ResponseWriter, r *http.Request, log *slog.Logger, status int, v any) {
-	b, err := marshal(v)
-	if err != nil {
-		writeError(w, r, log, err)
-		return
-	}
-	writeRaw(w, status, b)
-}
-
-// readBody reads a request body of at most limit bytes.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
-		return nil, errdefs.New(errdefs.TooLarge, "request body exceeds %d bytes", limit)
-	}
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.InvalidArgument, err, "could not read request body")
-	}
-	return b, nil
 }
 
 // decodeJSON strictly decodes body into v: one JSON object, no unknown

@@ -19,8 +19,9 @@ type Route struct {
 	segs []string
 }
 
-// handlerFunc serves a matched route with its path parameters.
-type handlerFunc func(w http.ResponseWriter, r *http.Request, p params)
+// handlerFunc serves a matched route with its path parameters and returns
+// its failure, which the edge writes (unless the response has begun).
+type handlerFunc func(w http.ResponseWriter, r *http.Request, p params) error
 
 type params map[string]string
 

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -108,8 +109,8 @@ func pageParams(q url.Values) (limit int, cursor string, err error) {
 	return limit, q.Get("cursor"), nil
 }
 
-func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		var req lifecycle.CreateRequest
 		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
 			return response{}, err
@@ -121,53 +122,47 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params)
 		if err != nil {
 			return response{}, err
 		}
-		b, err := marshal(build(sb, op))
+		b, err := edge.Marshal(build(sb, op))
 		return response{status: http.StatusAccepted, body: b, location: operationLocation(sb, op)}, err
 	})
 }
 
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p params) error {
 	q, err := query(r, "limit", "cursor", "state")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	limit, cursor, err := pageParams(q)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	st := sandbox.State(q.Get("state"))
 	if st != "" && !st.Valid() {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "unknown state %q", truncate(string(st), 32)))
-		return
+		return errdefs.New(errdefs.InvalidArgument, "unknown state %q", truncate(string(st), 32))
 	}
 	page, err := s.engine.List(r.Context(), store.SandboxQuery{State: st, Cursor: cursor, Limit: limit})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	for i := range page.Items {
 		page.Items[i] = *s.present(&page.Items[i])
 	}
-	writeJSON(w, r, s.log, http.StatusOK, toList(page))
+	return edge.JSON(w, http.StatusOK, toList(page))
 }
 
-func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p params) error {
 	id, err := sandboxID(p)
 	if err == nil {
 		_, err = query(r)
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	sb, err := s.engine.Get(r.Context(), id)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, s.present(sb))
+	return edge.JSON(w, http.StatusOK, s.present(sb))
 }
 
 // present is a sandbox as clients see it: with its ingress token.
@@ -182,8 +177,8 @@ func (s *Server) present(sb *sandbox.Sandbox) *sandbox.Sandbox {
 }
 
 // putNetwork replaces a sandbox's network policy.
-func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request, p params) {
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		var n sandbox.Network
 		id, err := sandboxJSON(r, p, body, &n)
 		if err != nil {
@@ -196,7 +191,7 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request, p params) {
 		if err != nil {
 			return response{}, err
 		}
-		b, err := marshal(s.present(sb))
+		b, err := edge.Marshal(s.present(sb))
 		return response{status: http.StatusOK, body: b}, err
 	})
 }
@@ -209,7 +204,7 @@ func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
 		sandbox.OpWake:    s.engine.Wake,
 		sandbox.OpDelete:  s.engine.Delete,
 	}[kind]
-	return func(w http.ResponseWriter, r *http.Request, p params) {
+	return func(w http.ResponseWriter, r *http.Request, p params) error {
 		s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 			var empty struct{}
 			id, err := sandboxJSON(r, p, body, &empty)
@@ -221,50 +216,45 @@ func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
 			if err != nil {
 				return response{}, err
 			}
-			b, err := marshal(build(nil, op))
+			b, err := edge.Marshal(build(nil, op))
 			return response{status: http.StatusAccepted, body: b, location: operationLocation(nil, op)}, err
 		})
+
+		return nil
 	}
 }
 
-func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p params) error {
 	id := p["id"]
 	if !ids.Valid(ids.Operation, id) {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "malformed operation id %q", truncate(id, 64)).WithDetails(map[string]any{"field": "id"}))
-		return
+		return errdefs.New(errdefs.InvalidArgument, "malformed operation id %q", truncate(id, 64)).WithDetails(map[string]any{"field": "id"})
 	}
 	if _, err := query(r); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	op, err := s.engine.Operation(r.Context(), id)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, op)
+	return edge.JSON(w, http.StatusOK, op)
 }
 
-func (s *Server) listOperations(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) listOperations(w http.ResponseWriter, r *http.Request, p params) error {
 	q, err := query(r, "limit", "cursor", "sandbox_id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	limit, cursor, err := pageParams(q)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	sbID := q.Get("sandbox_id")
 	if q.Has("sandbox_id") && !ids.Valid(ids.Sandbox, sbID) {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "malformed sandbox_id %q", truncate(sbID, 64)))
-		return
+		return errdefs.New(errdefs.InvalidArgument, "malformed sandbox_id %q", truncate(sbID, 64))
 	}
 	page, err := s.engine.Operations(r.Context(), store.OperationQuery{SandboxID: sbID, Cursor: cursor, Limit: limit})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, toList(page))
+	return edge.JSON(w, http.StatusOK, toList(page))
 }

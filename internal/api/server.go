@@ -5,19 +5,17 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
-	"strings"
 	"time"
 
 	apispec "github.com/spacesandbox/space/api"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
@@ -67,6 +65,7 @@ type Server struct {
 	log       *slog.Logger
 	idem      *idempotency
 	router    *router
+	edge      *edge.Edge
 	templates TemplateLister
 	builder   TemplateBuilder
 	dataDir   string
@@ -77,6 +76,7 @@ func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
 		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir}
 	s.router = newRouter(s.Routes())
+	s.edge = &edge.Edge{Listener: "api", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}
 	return s
 }
 
@@ -120,7 +120,7 @@ func (s *Server) Routes() []Route {
 // ServeHTTP routes, authenticates with the API token, recovers panics and
 // records metrics.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	serve(w, r, "api", s.router, s.metrics, s.log, func(r *http.Request, p params) (*http.Request, error) {
+	serve(s.edge, s.router, w, r, func(r *http.Request, p params) (*http.Request, error) {
 		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
 		if !ok {
 			return nil, errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
@@ -134,78 +134,51 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// serve is what both listeners do with a request: route it, authenticate
-// it with authn when the route needs it (a failure is answered with the
-// error and a WWW-Authenticate challenge; success gives the request as the
-// handler sees it), turn panics into 500s, and record its latency and status.
-func serve(w http.ResponseWriter, r *http.Request, listener string, rt *router, m *metrics.Metrics, log *slog.Logger, authn func(*http.Request, params) (*http.Request, error)) {
-	start := time.Now()
-	sw := &metrics.StatusWriter{ResponseWriter: w}
-	routeName := "unmatched"
-	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
-				panic(v)
+// serve is what both listeners do with a request on their edge: route it,
+// authenticate it with authn when the route needs it (success gives the
+// request as the handler sees it), and run its handler.
+func serve(e *edge.Edge, rt *router, w http.ResponseWriter, r *http.Request, authn func(*http.Request, params) (*http.Request, error)) {
+	e.Serve(w, r, func(w http.ResponseWriter, r *http.Request, name *string) error {
+		route, p, allowed := rt.match(r.Method, r.URL.Path)
+		if route == nil {
+			return edge.NoRoute(w, r, allowed)
+		}
+		*name = route.Pattern
+		if route.Auth {
+			ar, err := authn(r, p)
+			if err != nil {
+				return err
 			}
-			log.Error("panic serving request", "listener", listener, "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
-			if sw.Status == 0 {
-				writeError(sw, r, log, errdefs.New(errdefs.Internal, "internal error"))
-			}
+			r = ar
 		}
-		if m != nil {
-			m.ObserveRequest(listener, routeName, r.Method, sw.Status, time.Since(start))
-		}
-	}()
-	route, p, allowed := rt.match(r.Method, r.URL.Path)
-	if route == nil {
-		if len(allowed) > 0 {
-			sw.Header().Set("Allow", strings.Join(allowed, ", "))
-			writeError(sw, r, log, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
-			return
-		}
-		writeError(sw, r, log, errdefs.New(errdefs.NotFound, "no such endpoint"))
-		return
-	}
-	routeName = route.Pattern
-	if route.Auth {
-		ar, err := authn(r, p)
-		if err != nil {
-			if errors.Is(err, errdefs.Unauthenticated) {
-				sw.Header().Set("WWW-Authenticate", `Bearer realm="space-`+listener+`"`)
-			}
-			writeError(sw, r, log, err)
-			return
-		}
-		r = ar
-	}
-	route.Handler(sw, r, p)
+		return route.Handler(w, r, p)
+	})
 }
 
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	writeError(w, r, s.log, err)
-}
-
-// mutate reads the body of a mutating request and runs handler under the
-// request's Idempotency-Key.
-func (s *Server) mutate(w http.ResponseWriter, r *http.Request, handler func(body []byte, i *idem) (response, error)) {
-	body, err := readBody(w, r, MaxJSONBody)
+// mutate reads the body of a mutating request (at most limit bytes) and
+// runs handler under the request's Idempotency-Key.
+func mutate(w http.ResponseWriter, r *http.Request, ids *idempotency, limit int64, handler func(body []byte, i *idem) (response, error)) error {
+	body, err := edge.ReadBody(w, r, limit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	resp, replayed, err := s.idem.do(w, r, body, func(i *idem) (response, error) { return handler(body, i) })
+	resp, replayed, err := ids.do(w, r, body, func(i *idem) (response, error) { return handler(body, i) })
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	writeResponse(w, resp, replayed)
+	return nil
 }
 
-func (s *Server) healthz(w http.ResponseWriter, r *http.Request, p params) {
-	writeJSON(w, r, s.log, http.StatusOK, map[string]string{"status": "ok"})
+func (s *Server) mutate(w http.ResponseWriter, r *http.Request, handler func(body []byte, i *idem) (response, error)) error {
+	return mutate(w, r, s.idem, edge.MaxJSONBody, handler)
 }
 
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request, p params) error {
+	return edge.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) error {
 	err := s.engine.Ready()
 	if err == nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -216,11 +189,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request, p params) {
 		err = probeWritable(s.dataDir)
 	}
 	if err != nil {
-		writeJSON(w, r, s.log, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": err.Error()})
-		return
+		return edge.JSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not_ready", "reason": err.Error()})
 	}
 	names, def := s.engine.Runtimes()
-	writeJSON(w, r, s.log, http.StatusOK, map[string]any{"status": "ready", "runtimes": names, "default_runtime": def,
+	return edge.JSON(w, http.StatusOK, map[string]any{"status": "ready", "runtimes": names, "default_runtime": def,
 		"runtime_details": s.engine.RuntimeDetails()})
 }
 
@@ -242,47 +214,44 @@ func probeWritable(dir string) error {
 	return nil
 }
 
-func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, p params) error {
 	s.metrics.Handler().ServeHTTP(w, r)
+	return nil
 }
 
-func (s *Server) openapi(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request, p params) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(apispec.OpenAPI)
+	return nil
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p params) error {
 	if _, err := query(r); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	var list []templates.Template
 	if s.templates != nil {
 		var err error
 		if list, err = s.templates.List(r.Context()); err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 	}
 	if list == nil {
 		list = []templates.Template{}
 	}
-	writeJSON(w, r, s.log, http.StatusOK, listResponse[templates.Template]{Items: list})
+	return edge.JSON(w, http.StatusOK, listResponse[templates.Template]{Items: list})
 }
 
-func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p params) error {
 	if _, err := query(r); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if s.templates == nil {
-		s.fail(w, r, errdefs.New(errdefs.NotFound, "template %s:%s not found", p["name"], p["tag"]))
-		return
+		return errdefs.New(errdefs.NotFound, "template %s:%s not found", p["name"], p["tag"])
 	}
 	t, err := s.templates.Get(p["name"] + ":" + p["tag"])
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, r, s.log, http.StatusOK, t)
+	return edge.JSON(w, http.StatusOK, t)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"syscall"
 
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/templates"
@@ -29,17 +30,15 @@ const MaxImageUpload int64 = 16 << 30
 // createTemplate builds a template from a JSON spec, or imports an image
 // archive (Content-Type application/x-tar, ?name=&tag=). Both run as an
 // operation of kind build.
-func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request, p params) {
+func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request, p params) error {
 	if s.builder == nil {
-		s.fail(w, r, errdefs.New(errdefs.Unavailable, "this server has no template store"))
-		return
+		return errdefs.New(errdefs.Unavailable, "this server has no template store")
 	}
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if mt == "application/x-tar" {
-		s.importTemplate(w, r)
-		return
+		return s.importTemplate(w, r)
 	}
-	s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 		if _, err := query(r); err != nil {
 			return response{}, err
 		}
@@ -62,31 +61,28 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request, p params
 		if err != nil {
 			return response{}, err
 		}
-		b, err := marshal(build(nil, op))
+		b, err := edge.Marshal(build(nil, op))
 		return response{status: http.StatusAccepted, body: b, location: operationLocation(nil, op)}, err
 	})
 }
 
 // importTemplate streams an image archive to disk and imports it in the
 // background. The upload is not held in memory.
-func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
+func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
 	q, err := query(r, "name", "tag")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	name, tag := q.Get("name"), q.Get("tag")
 	if tag == "" {
 		tag = "latest"
 	}
 	if _, _, err := templates.ParseRef(name + ":" + tag); err != nil || name == "" {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "name and tag query parameters must name the template, like ?name=mine&tag=v1"))
-		return
+		return errdefs.New(errdefs.InvalidArgument, "name and tag query parameters must name the template, like ?name=mine&tag=v1")
 	}
 	f, err := os.CreateTemp(s.builder.ScratchDir(), "upload-*.tar")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	keep := false
 	defer func() {
@@ -98,16 +94,13 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 	f.Close()
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
-		s.fail(w, r, errdefs.New(errdefs.TooLarge, "image archive exceeds %d bytes", MaxImageUpload))
-		return
+		return errdefs.New(errdefs.TooLarge, "image archive exceeds %d bytes", MaxImageUpload)
 	}
 	if err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)) {
-		s.fail(w, r, err) // the server's disk, not the client: 507
-		return
+		return err // the server's disk, not the client: 507
 	}
 	if err != nil {
-		s.fail(w, r, errdefs.Wrap(errdefs.InvalidArgument, err, "reading the upload failed"))
-		return
+		return errdefs.Wrap(errdefs.InvalidArgument, err, "reading the upload failed")
 	}
 	archive := f.Name()
 	op, err := s.engine.StartBuild(r.Context(), name+":"+tag, nil, func(ctx context.Context) error {
@@ -116,14 +109,13 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	keep = true
-	b, err := marshal(operationResponse{Operation: op})
+	b, err := edge.Marshal(operationResponse{Operation: op})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	writeResponse(w, response{status: http.StatusAccepted, body: b, location: operationLocation(nil, op)}, false)
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -20,7 +21,7 @@ import (
 
 func (s *Server) routeControl() {
 	m := s.control
-	h := func(pattern string, fn http.HandlerFunc) { m.Handle(pattern, s.authed(fn)) }
+	h := func(pattern string, fn handler) { m.Handle(pattern, s.handle(s.authed(fn))) }
 	h("POST /sandboxes", s.create)
 	h("POST /v2/sandboxes", s.create)
 	h("GET /sandboxes", s.listV1)
@@ -35,25 +36,24 @@ func (s *Server) routeControl() {
 	h("POST /sandboxes/{sandboxID}/refreshes", s.refresh)
 	h("GET /sandboxes/{sandboxID}/metrics", s.metrics)
 	h("PUT /sandboxes/{sandboxID}/network", s.updateNetwork)
-	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
+	m.Handle("GET /health", s.handle(func(w http.ResponseWriter, r *http.Request) error {
+		return edge.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}))
 }
 
 // authed checks the API key: X-API-KEY as the SDKs send it, or a bearer
 // token. The keys are SPACE API tokens.
-func (s *Server) authed(next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func (s *Server) authed(next handler) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		key := r.Header.Get("X-API-KEY")
 		if key == "" {
 			key, _ = auth.BearerToken(r.Header.Get("Authorization"))
 		}
 		t, err := s.cfg.Tokens.Verify(r.Context(), key)
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
-		next(w, r.WithContext(auth.WithTokenID(r.Context(), t.ID)))
+		return next(w, r.WithContext(auth.WithTokenID(r.Context(), t.ID)))
 	}
 }
 
@@ -192,36 +192,29 @@ func timeoutOf(seconds *int, def time.Duration) (time.Duration, error) {
 	return time.Duration(*seconds) * time.Second, nil
 }
 
-func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	var req newSandbox
 	if err := decodeBody(w, r, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	unsupported := func(field string) {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "%s is not supported by SPACE", field))
+	unsupported := func(field string) error {
+		return errdefs.New(errdefs.InvalidArgument, "%s is not supported by SPACE", field)
 	}
 	switch {
 	case req.MCP != nil:
-		unsupported("mcp")
-		return
+		return unsupported("mcp")
 	case req.IAM != nil:
-		unsupported("iam")
-		return
+		return unsupported("iam")
 	case len(req.VolumeMounts) > 0:
-		unsupported("volumeMounts")
-		return
+		return unsupported("volumeMounts")
 	case req.AutoResume != nil && req.AutoResume.Enabled:
-		unsupported("autoResume")
-		return
+		return unsupported("autoResume")
 	case req.AutoPauseMemory != nil && !*req.AutoPauseMemory:
-		unsupported("autoPauseMemory: false (a suspend always keeps memory)")
-		return
+		return unsupported("autoPauseMemory: false (a suspend always keeps memory)")
 	}
 	timeout, err := timeoutOf(req.Timeout, DefaultTimeout)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	action := "delete"
 	if req.AutoPause != nil && *req.AutoPause {
@@ -229,8 +222,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	netPolicy, err := createNetwork(req.AllowInternetAccess, req.Network)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	creq := lifecycle.CreateRequest{
 		Template: templateRef(req.TemplateID), Env: req.EnvVars, Metadata: req.Metadata,
@@ -239,15 +231,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, op, err := s.cfg.Engine.Create(r.Context(), creq, nil)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if err := s.await(r.Context(), op); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	s.log.Info("E2B sandbox created", "sandbox_id", sb.ID, "operation_id", op.ID)
-	writeJSON(w, http.StatusCreated, s.info(sb, auth.TokenID(r.Context())))
+	return edge.JSON(w, http.StatusCreated, s.info(sb, auth.TokenID(r.Context())))
 }
 
 // await waits for an operation and turns its failure into an error.
@@ -289,65 +279,57 @@ func (s *Server) sandbox(r *http.Request) (*sandbox.Sandbox, error) {
 	return sb, nil
 }
 
-func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	sb, err := s.sandbox(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, http.StatusOK, s.detail(sb, auth.TokenID(r.Context())))
+	return edge.JSON(w, http.StatusOK, s.detail(sb, auth.TokenID(r.Context())))
 }
 
-func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) error {
 	sb, err := s.sandbox(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	op, err := s.cfg.Engine.Delete(r.Context(), sb.ID, nil)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if err := s.await(r.Context(), op); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // pause is E2B's pause: a SPACE suspend. Pausing a paused sandbox is 409.
-func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
 	var body struct {
 		Memory *bool `json:"memory"`
 	}
 	if err := decodeBody(w, r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if body.Memory != nil && !*body.Memory {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "memory: false is not supported by SPACE: a suspend always keeps memory"))
-		return
+		return errdefs.New(errdefs.InvalidArgument, "memory: false is not supported by SPACE: a suspend always keeps memory")
 	}
 	sb, err := s.sandbox(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if sb.State == sandbox.Suspended || sb.State == sandbox.Suspending {
-		s.fail(w, r, errdefs.New(errdefs.Conflict, "sandbox %s is already paused", sb.ID))
-		return
+		return errdefs.New(errdefs.Conflict, "sandbox %s is already paused", sb.ID)
 	}
 	op, err := s.cfg.Engine.Suspend(r.Context(), sb.ID, nil)
 	if err != nil {
-		s.fail(w, r, conflict(err))
-		return
+		return conflict(err)
 	}
 	if err := s.await(r.Context(), op); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // conflict reports a refused transition as E2B does: 409.
@@ -365,115 +347,102 @@ type resumeBody struct {
 }
 
 // resume (deprecated in E2B) restores a paused sandbox; a running one is 409.
-func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 	var body resumeBody
 	if err := decodeBody(w, r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	sb, err := s.sandbox(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if e2bState(sb.State) == "running" {
-		s.fail(w, r, errdefs.New(errdefs.Conflict, "sandbox %s is already running", sb.ID))
-		return
+		return errdefs.New(errdefs.Conflict, "sandbox %s is already running", sb.ID)
 	}
-	s.wake(w, r, sb, body.Timeout)
+	return s.wake(w, r, sb, body.Timeout)
 }
 
 // connect returns a running sandbox (200) or restores a paused one (201);
 // either way its timeout is extended, never shortened.
-func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) error {
 	var body struct {
 		Timeout *int  `json:"timeout"`
 		Memory  *bool `json:"memory"`
 	}
 	if err := decodeBody(w, r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if body.Memory != nil && !*body.Memory {
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "memory: false (reboot) is not supported by SPACE"))
-		return
+		return errdefs.New(errdefs.InvalidArgument, "memory: false (reboot) is not supported by SPACE")
 	}
 	sb, err := s.sandbox(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if sb.State == sandbox.Running {
 		d, err := timeoutOf(body.Timeout, 0)
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 		if d > 0 {
 			if _, err := s.cfg.Engine.ExtendTimeout(r.Context(), sb.ID, d); err != nil {
-				s.fail(w, r, err)
-				return
+				return err
 			}
 		}
 		s.cfg.Engine.Touch(sb.ID)
-		writeJSON(w, http.StatusOK, s.info(sb, auth.TokenID(r.Context())))
-		return
+		return edge.JSON(w, http.StatusOK, s.info(sb, auth.TokenID(r.Context())))
 	}
-	s.wake(w, r, sb, body.Timeout)
+	return s.wake(w, r, sb, body.Timeout)
 }
 
 // wake restores sb, waits, and gives it its timeout from now.
-func (s *Server) wake(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, seconds *int) {
+func (s *Server) wake(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, seconds *int) error {
 	d, err := timeoutOf(seconds, 0)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	// A transition in flight (a suspend, a create) is waited for first.
 	for i := 0; sb.ActiveOperation != "" && i < 3; i++ {
 		if _, err := s.cfg.Engine.WaitOperation(ctx, sb.ActiveOperation); err != nil {
-			s.fail(w, r, errdefs.Wrap(errdefs.Unavailable, err, "sandbox %s is busy", sb.ID))
-			return
+			return errdefs.Wrap(errdefs.Unavailable, err, "sandbox %s is busy", sb.ID)
 		}
 		if sb, err = s.cfg.Engine.Get(ctx, sb.ID); err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 	}
 	op, err := s.cfg.Engine.Wake(ctx, sb.ID, nil)
 	if err != nil {
-		s.fail(w, r, conflict(err))
-		return
+		return conflict(err)
 	}
 	if err := s.await(ctx, op); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if d > 0 {
 		if _, err := s.cfg.Engine.SetTimeout(ctx, sb.ID, d); err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 	}
 	s.log.Info("E2B sandbox resumed", "sandbox_id", sb.ID, "operation_id", op.ID)
-	writeJSON(w, http.StatusCreated, s.info(sb, auth.TokenID(r.Context())))
+	return edge.JSON(w, http.StatusCreated, s.info(sb, auth.TokenID(r.Context())))
 }
 
 // setTimeout replaces the sandbox's timeout (E2B: POST …/timeout).
-func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	s.changeTimeout(w, r, "timeout", 0, s.cfg.Engine.SetTimeout)
+	return nil
 }
 
 // refresh extends a sandbox's timeout by duration seconds (default 60).
-func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) error {
 	s.changeTimeout(w, r, "duration", time.Minute, s.cfg.Engine.ExtendTimeout)
+	return nil
 }
 
 // changeTimeout reads {field: seconds} (required when def is 0) and applies
 // it to the sandbox the path names.
 func (s *Server) changeTimeout(w http.ResponseWriter, r *http.Request, field string, def time.Duration,
-	apply func(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)) {
+	apply func(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)) error {
 	var body map[string]*int
 	err := decodeBody(w, r, &body)
 	if err == nil {
@@ -498,19 +467,18 @@ func (s *Server) changeTimeout(w http.ResponseWriter, r *http.Request, field str
 		_, err = apply(r.Context(), sb.ID, d)
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // metrics: SPACE keeps no per-sandbox resource series; the list is empty.
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.sandbox(r); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
-	writeJSON(w, http.StatusOK, []any{})
+	return edge.JSON(w, http.StatusOK, []any{})
 }
 
 // listQuery is a parsed list request.
@@ -596,37 +564,33 @@ func (s *Server) list(r *http.Request, q listQuery) ([]sandboxDetail, string, er
 	return out, page.Next, nil
 }
 
-func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listV2(w http.ResponseWriter, r *http.Request) error {
 	q, err := parseList(r, true)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	items, next, err := s.list(r, q)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if next != "" {
 		w.Header().Set("X-Next-Token", next)
 	}
-	writeJSON(w, http.StatusOK, items)
+	return edge.JSON(w, http.StatusOK, items)
 }
 
 // listV1 lists every running sandbox (E2B's v1 list has no paging).
-func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) error {
 	q, err := parseList(r, false)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	q.limit = store.MaxLimit
 	all := []sandboxDetail{}
 	for {
 		items, next, err := s.list(r, q)
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 		all = append(all, items...)
 		if next == "" || len(all) >= 10000 {
@@ -635,5 +599,5 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		q.cursor = next
 	}
 	sort.SliceStable(all, func(i, j int) bool { return all[i].StartedAt.Before(all[j].StartedAt) })
-	writeJSON(w, http.StatusOK, all)
+	return edge.JSON(w, http.StatusOK, all)
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/ecw/gen/filesystem/filesystemconnect"
 	"github.com/spacesandbox/space/internal/ecw/gen/process/processconnect"
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -39,13 +40,17 @@ const MaxMessage = 16 << 20
 
 func (s *Server) routeEnvd() {
 	m := s.envd
-	m.Handle("GET /health", s.inSandbox(false, func(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) {
+	m.Handle("GET /health", s.handle(s.inSandbox(false, func(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) error {
 		w.WriteHeader(http.StatusNoContent)
-	}))
-	m.Handle("GET /files", s.inSandbox(true, s.download))
-	m.Handle("POST /files", s.inSandbox(true, s.upload))
+		return nil
+	})))
+	m.Handle("GET /files", s.handle(s.inSandbox(true, s.download)))
+	m.Handle("POST /files", s.handle(s.inSandbox(true, s.upload)))
 	s.mountRPC(m, func(h http.Handler) http.Handler {
-		return s.inSandbox(true, func(w http.ResponseWriter, r *http.Request, _ *sandboxCtx) { h.ServeHTTP(w, r) })
+		return s.handle(s.inSandbox(true, func(w http.ResponseWriter, r *http.Request, _ *sandboxCtx) error {
+			h.ServeHTTP(w, r)
+			return nil
+		}))
 	})
 }
 
@@ -88,12 +93,11 @@ var (
 // inSandbox checks an envd request — port, access token, a running sandbox —
 // and hands it the sandbox's agent. The token is checked before the sandbox
 // is looked up, so an unauthorised caller learns nothing about it.
-func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.Request, *sandboxCtx)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.Request, *sandboxCtx) error) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		t, _ := r.Context().Value(targetKey{}).(target)
 		if t.port != EnvdPort {
-			s.fail(w, r, errdefs.New(kindPortClosed, "port %s is not open: SPACE sandboxes serve only envd (port %s)", t.port, EnvdPort))
-			return
+			return errdefs.New(kindPortClosed, "port %s is not open: SPACE sandboxes serve only envd (port %s)", t.port, EnvdPort)
 		}
 		if needToken {
 			tokenID, err := s.cfg.Commands.Signer().VerifySandboxAccess(r.Header.Get("X-Access-Token"), t.sandboxID)
@@ -102,25 +106,21 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 				err = s.cfg.Tokens.Active(r.Context(), tokenID)
 			}
 			if err != nil {
-				s.fail(w, r, err)
-				return
+				return err
 			}
 		}
 		if !ids.Valid(ids.Sandbox, t.sandboxID) {
-			s.fail(w, r, gone(t.sandboxID))
-			return
+			return gone(t.sandboxID)
 		}
 		ag, sb, err := s.cfg.Commands.Agents().Agent(r.Context(), t.sandboxID)
 		if err != nil {
 			if errors.Is(err, errdefs.NotFound) || errors.Is(err, errdefs.FailedPrecondition) {
 				err = gone(t.sandboxID)
 			}
-			s.fail(w, r, err)
-			return
+			return err
 		}
 		if sb.Pool != "" {
-			s.fail(w, r, gone(t.sandboxID))
-			return
+			return gone(t.sandboxID)
 		}
 		user := r.URL.Query().Get("username")
 		if user == "" {
@@ -130,8 +130,8 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 			user = DefaultUser
 		}
 		sc := &sandboxCtx{sb: sb, agent: ag, user: user}
-		next(w, r.WithContext(context.WithValue(r.Context(), sandboxCtxKey{}, sc)), sc)
-	})
+		return next(w, r.WithContext(context.WithValue(r.Context(), sandboxCtxKey{}, sc)), sc)
+	}
 }
 
 // basicUser is the user name of an "Authorization: Basic" header (envd's
@@ -196,22 +196,19 @@ func fileError(err error) error {
 	return err
 }
 
-func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) {
+func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) error {
 	for k := range r.URL.Query() {
 		if k != "path" && k != "username" {
-			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k))
-			return
+			return errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k)
 		}
 	}
 	name, err := resolvePath(r.Context(), sc, r.URL.Query().Get("path"))
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	f, err := sc.agent.Open(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, fileError(err))
-		return
+		return fileError(err)
 	}
 	s.cfg.Engine.Touch(sc.sb.ID)
 	h := w.Header()
@@ -226,6 +223,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx
 		s.log.Warn("E2B file read ended early", "sandbox_id", sc.sb.ID, "path", name, "sent", n, "size", f.Size, "err", err)
 		panic(http.ErrAbortHandler)
 	}
+	return nil
 }
 
 // entryInfo is envd's answer to an upload: one per written file.
@@ -235,11 +233,10 @@ type entryInfo struct {
 	Path string `json:"path"`
 }
 
-func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) {
+func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) error {
 	for k := range r.URL.Query() {
 		if k != "path" && k != "username" {
-			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k))
-			return
+			return errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k)
 		}
 	}
 	ctx := r.Context()
@@ -249,13 +246,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) 
 	case "gzip":
 		gz, err := gzip.NewReader(body)
 		if err != nil {
-			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "body is not gzip: %v", err))
-			return
+			return errdefs.New(errdefs.InvalidArgument, "body is not gzip: %v", err)
 		}
 		body = &limited{r: gz, n: MaxFileSize}
 	default:
-		s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "Content-Encoding %q is not supported (gzip is)", enc))
-		return
+		return errdefs.New(errdefs.InvalidArgument, "Content-Encoding %q is not supported (gzip is)", enc)
 	}
 	query := r.URL.Query().Get("path")
 	write := func(dest string, data io.Reader) (entryInfo, error) {
@@ -289,8 +284,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) 
 				break
 			}
 			if err != nil {
-				s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "malformed multipart body: %v", err))
-				return
+				return errdefs.New(errdefs.InvalidArgument, "malformed multipart body: %v", err)
 			}
 			// Part.FileName() drops directories; E2B puts the full
 			// destination path there, so read the header ourselves.
@@ -307,31 +301,27 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) 
 			}
 			if name, err := resolvePath(ctx, sc, dest); err == nil && slices.ContainsFunc(out, func(e entryInfo) bool { return e.Path == name }) {
 				part.Close()
-				s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "two files for the same path %s in one upload", name))
-				return
+				return errdefs.New(errdefs.InvalidArgument, "two files for the same path %s in one upload", name)
 			}
 			e, err := write(dest, part)
 			part.Close()
 			if err != nil {
-				s.fail(w, r, err)
-				return
+				return err
 			}
 			out = append(out, e)
 		}
 		if len(out) == 0 {
-			s.fail(w, r, errdefs.New(errdefs.InvalidArgument, "the multipart body has no part named \"file\""))
-			return
+			return errdefs.New(errdefs.InvalidArgument, "the multipart body has no part named \"file\"")
 		}
 	default:
 		e, err := write(query, body)
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 		out = append(out, e)
 	}
 	s.cfg.Engine.Touch(sc.sb.ID)
-	writeJSON(w, http.StatusOK, out)
+	return edge.JSON(w, http.StatusOK, out)
 }
 
 var errTooLarge = errors.New("file too large")

@@ -124,20 +124,17 @@ func (s *Server) infoNetwork(sb *sandbox.Sandbox) (*networkInfo, *bool) {
 // updateNetwork is PUT /sandboxes/{sandboxID}/network (the SDKs'
 // updateNetwork): it replaces the egress rules; public traffic stays as
 // created.
-func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	sb, err := s.sandbox(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	var req networkUpdate
 	if err := decodeBody(w, r, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if err := unsupportedNetwork(req.Rules, nil, nil, nil); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	n := toPolicy(req.AllowInternetAccess, req.AllowOut, req.DenyOut)
 	if req.AllowInternetAccess == nil && sb.Network != nil && !slices.Contains(req.DenyOut, allTraffic) {
@@ -147,8 +144,8 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		n.PublicIngress = sb.Network.PublicIngress
 	}
 	if _, err := s.cfg.Engine.UpdateNetwork(r.Context(), sb.ID, n); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }

@@ -12,15 +12,14 @@ package ecw
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
-	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/jsonbody"
@@ -76,6 +75,7 @@ type Server struct {
 	log     *slog.Logger
 	control *http.ServeMux
 	envd    *http.ServeMux
+	edge    *edge.Edge
 }
 
 // New returns the layer's handler.
@@ -86,53 +86,55 @@ func New(cfg Config) *Server {
 	if cfg.Keepalive == 0 {
 		cfg.Keepalive = 30 * time.Second
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), envd: http.NewServeMux()}
+	s := &Server{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), envd: http.NewServeMux(),
+		edge: &edge.Edge{Listener: "ecw", Metrics: cfg.Metrics, Log: cfg.Logger, Render: render}}
 	s.routeControl()
 	s.routeEnvd()
 	return s
 }
 
-// ServeHTTP sends a request to the control plane or to a sandbox's envd.
+// ServeHTTP sends a request to the control plane or to a sandbox's envd, on
+// the layer's edge (errors as E2B's {"code","message"}).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	sw := &metrics.StatusWriter{ResponseWriter: w}
-	route := "unmatched"
-	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
-				panic(v)
+	s.edge.Serve(w, r, func(w http.ResponseWriter, r *http.Request, route *string) error {
+		if id, port, ok := envdTarget(r); ok && port != EnvdPort && s.cfg.Ingress != nil {
+			*route = "ingress"
+			s.cfg.Ingress.Serve(w, r, id, port, r.URL.Path)
+			return nil
+		}
+		mux := s.control
+		if id, port, ok := envdTarget(r); ok {
+			mux = s.envd
+			r = r.WithContext(context.WithValue(r.Context(), targetKey{}, target{sandboxID: id, port: port}))
+		}
+		_, pattern := mux.Handler(r)
+		if pattern == "" {
+			return edge.NoRoute(w, r, allowedMethods(mux, r))
+		}
+		*route = pattern
+		var err error
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), errSlotKey{}, &err))) // (sets the path values)
+		return err
+	})
+}
+
+// handler is an E2B endpoint: it returns its failure, which the edge writes.
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+// errSlotKey carries a handler's failure out of the ServeMux to the edge.
+type errSlotKey struct{}
+
+// handle mounts h on a ServeMux.
+func (s *Server) handle(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			if slot, ok := r.Context().Value(errSlotKey{}).(*error); ok {
+				*slot = err
+				return
 			}
-			s.log.Error("panic serving E2B request", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
-			if sw.Status == 0 {
-				writeError(sw, errdefs.New(errdefs.Internal, "internal error"))
-			}
+			s.edge.Fail(w, r, err)
 		}
-		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.ObserveRequest("ecw", route, r.Method, sw.Status, time.Since(start))
-		}
-	}()
-	mux := s.control
-	if id, port, ok := envdTarget(r); ok && port != EnvdPort && s.cfg.Ingress != nil {
-		route = "ingress"
-		s.cfg.Ingress.Serve(sw, r, id, port, r.URL.Path)
-		return
-	}
-	if id, port, ok := envdTarget(r); ok {
-		mux = s.envd
-		r = r.WithContext(context.WithValue(r.Context(), targetKey{}, target{sandboxID: id, port: port}))
-	}
-	_, pattern := mux.Handler(r)
-	if pattern == "" {
-		if allowed := allowedMethods(mux, r); len(allowed) > 0 {
-			sw.Header().Set("Allow", strings.Join(allowed, ", "))
-			writeError(sw, errdefs.New(errdefs.MethodNotAllowed, "method %s is not allowed here", r.Method))
-			return
-		}
-		writeError(sw, errdefs.New(errdefs.NotFound, "no such endpoint: %s", r.URL.Path))
-		return
-	}
-	route = pattern
-	mux.ServeHTTP(sw, r) // (sets the path values)
+	})
 }
 
 // allowedMethods lists the methods a path does answer to.
@@ -180,37 +182,19 @@ type apiError struct {
 	Message string `json:"message"`
 }
 
-// writeError renders err as E2B's {"code", "message"} with the status of its
-// kind. Errors without a kind never show their text.
-func writeError(w http.ResponseWriter, err error) {
+// render is E2B's error body, {"code", "message"}, with the status of the
+// error's kind: the SDKs decide on its code. Errors without a kind never show
+// their text.
+func render(err error) (int, []byte) {
 	kind, msg, _ := errdefs.Public(err)
-	writeJSON(w, kind.Status, apiError{Code: kind.Status, Message: msg})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"code":500,"message":"internal error"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	b, _ := edge.Marshal(apiError{Code: kind.Status, Message: msg})
+	return kind.Status, b
 }
 
 // fail logs server-side failures and writes the error.
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	if errdefs.KindOf(err) == errdefs.Internal {
-		s.log.Error("E2B request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	}
-	writeError(w, err)
-}
-
-// MaxJSONBody bounds every JSON body of the control plane.
-const MaxJSONBody = 1 << 20
 
 // decodeBody decodes a JSON body strictly (unknown fields are refused); an
 // empty body leaves v as it is.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	return jsonbody.Decode(http.MaxBytesReader(w, r.Body, MaxJSONBody), v)
+	return jsonbody.Decode(http.MaxBytesReader(w, r.Body, edge.MaxJSONBody), v)
 }
