@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -92,10 +93,29 @@ func run(t *testing.T, c *agentclient.Client, spec proto.ProcessSpec) *result {
 	return drain(t, ctx, c, spec.ID, 0)
 }
 
+// drain reads a process's output to its end as the host's Follow does:
+// while it is busy with what it read (a loaded test machine can stall it for
+// seconds), it holds its place in the window every second.
 func drain(t *testing.T, ctx context.Context, c *agentclient.Client, id string, after uint64) *result {
 	t.Helper()
 	res := &result{}
+	var acked atomic.Uint64
+	acked.Store(after)
+	hctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		for tick := time.NewTicker(time.Second); ; {
+			select {
+			case <-hctx.Done():
+				tick.Stop()
+				return
+			case <-tick.C:
+				c.Hold(hctx, id, "test", acked.Load())
+			}
+		}
+	}()
 	for {
+		acked.Store(after)
 		out, err := c.ReadOutput(ctx, id, after, 1<<20, 5*time.Second, "test")
 		if err != nil {
 			t.Fatalf("read output: %v", err)

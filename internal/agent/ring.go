@@ -36,6 +36,9 @@ type ring struct {
 type subscriber struct {
 	acked uint64 // every chunk ≤ acked has been delivered
 	seen  time.Time
+	// waiting counts reads of this subscriber blocked for output right
+	// now: a reader waiting is there, however long ago it asked.
+	waiting int
 }
 
 func newRing(capBytes int, subTTL time.Duration) *ring {
@@ -53,7 +56,7 @@ func (r *ring) changedLocked() {
 func (r *ring) neededLocked(seq uint64, now time.Time) bool {
 	needed := false
 	for id, s := range r.subs {
-		if now.Sub(s.seen) > r.subTTL {
+		if s.waiting == 0 && now.Sub(s.seen) > r.subTTL {
 			delete(r.subs, id)
 			continue
 		}
@@ -160,17 +163,27 @@ func (r *ring) read(ctx context.Context, after uint64, maxBytes int, wait time.D
 			return false, nil, true
 		}
 		ch := r.notify
+		s := r.subs[sub]
+		if s != nil {
+			s.waiting++
+		}
 		r.mu.Unlock()
+		timedOut := false
 		select {
 		case <-ch:
 		case <-deadline.C:
-			r.mu.Lock()
-			return false, nil, false
+			timedOut = true
 		case <-ctx.Done():
-			r.mu.Lock()
-			return false, nil, false
+			timedOut = true
 		}
 		r.mu.Lock()
+		if s != nil {
+			s.waiting--
+			s.seen = time.Now()
+		}
+		if timedOut {
+			return false, nil, false
+		}
 	}
 }
 

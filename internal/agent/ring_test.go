@@ -147,3 +147,26 @@ func TestPumpChunksOwnTheirSize(t *testing.T) {
 		t.Fatalf("pumped %d bytes, want %d", total, want)
 	}
 }
+
+// A reader blocked in a long wait for output is there, however long ago it
+// asked: the producer must not forget it (and evict what it has not read)
+// just because its wait outlasts the idle limit.
+func TestRingKeepsWaitingSubscriber(t *testing.T) {
+	r := newRing(4, 50*time.Millisecond)
+	got := make(chan []chunk, 1)
+	go func() {
+		_, cs, _ := r.read(context.Background(), 0, 100, 2*time.Second, "waiter")
+		got <- cs
+	}()
+	time.Sleep(200 * time.Millisecond) // four idle limits while it waits
+	r.mu.Lock()
+	needed := r.neededLocked(1, time.Now())
+	r.mu.Unlock()
+	if !needed {
+		t.Fatal("a subscriber waiting in read was forgotten after the idle limit")
+	}
+	r.append("stdout", []byte("1234"))
+	if cs := <-got; seqs(cs) != "[1]" {
+		t.Fatalf("waiter got %s", seqs(cs))
+	}
+}
