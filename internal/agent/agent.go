@@ -225,96 +225,31 @@ func decode[T any](raw json.RawMessage) (T, error) {
 	return v, nil
 }
 
-// dispatch runs one call and returns its result and blob.
-func (a *Agent) dispatch(ctx context.Context, c proto.Call, blob []byte) (any, []byte, error) {
-	switch c.Method {
-	case proto.MethodInfo:
-		return a.info(), nil, nil
-	case proto.MethodConfigure:
-		p, err := decode[proto.Configure](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := configure(p, blob); err != nil {
-			return nil, nil, err
-		}
-		return a.info(), nil, nil
-	case proto.MethodSync:
-		syncFilesystems()
-		return proto.Empty{}, nil, nil
-	case proto.MethodProcCreate:
-		p, err := decode[proto.ProcessSpec](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		st, err := a.create(p)
-		return st, nil, err
-	case proto.MethodProcStart:
-		p, err := decode[proto.StartRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		proc, err := a.lookup(p.ID)
-		if err != nil {
-			return nil, nil, err
-		}
-		if p.Subscriber != "" {
-			proc.out.hold(p.Subscriber, p.After)
-		}
-		a.start(proc)
-		return proc.status(), nil, nil
-	case proto.MethodProcGet:
-		p, err := decode[proto.ProcessRef](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		proc, err := a.lookup(p.ID)
-		if err != nil {
-			return nil, nil, err
-		}
-		return proc.status(), nil, nil
-	case proto.MethodProcList:
-		return a.list(), nil, nil
-	case proto.MethodProcRead:
-		p, err := decode[proto.ReadRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		return a.read(ctx, p)
-	case proto.MethodProcSignal:
-		p, err := decode[proto.SignalRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		return proto.Empty{}, nil, a.signalProcess(ctx, p.ID, p.Signal)
-	case proto.MethodProcStdin, proto.MethodProcClose:
-		p, err := decode[proto.ProcessRef](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		return proto.Empty{}, nil, a.stdin(p.ID, blob, c.Method == proto.MethodProcClose)
-	case proto.MethodProcResize:
-		p, err := decode[proto.ResizeRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		return proto.Empty{}, nil, a.resize(p)
-	case proto.MethodProcHold:
-		h, err := decode[proto.HoldRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		if h.Subscriber == "" {
-			return nil, nil, proto.Errorf(proto.CodeInvalidArgument, "hold needs a subscriber")
-		}
-		p, err := a.lookup(h.ID)
-		if err != nil {
-			return nil, nil, err
-		}
-		p.out.hold(h.Subscriber, h.After)
-		return proto.Empty{}, nil, nil
+// startFor starts a registered process with a reader already holding its
+// place in the output window (so nothing is evicted before it is read).
+func (a *Agent) startFor(p proto.StartRequest) (proto.Process, error) {
+	proc, err := a.lookup(p.ID)
+	if err != nil {
+		return proto.Process{}, err
 	}
-	return a.dispatchFile(ctx, c, blob)
+	if p.Subscriber != "" {
+		proc.out.hold(p.Subscriber, p.After)
+	}
+	a.start(proc)
+	return proc.status(), nil
+}
+
+// hold keeps a reader's place in a process's output window.
+func (a *Agent) hold(h proto.HoldRequest) error {
+	if h.Subscriber == "" {
+		return proto.Errorf(proto.CodeInvalidArgument, "hold needs a subscriber")
+	}
+	p, err := a.lookup(h.ID)
+	if err != nil {
+		return err
+	}
+	p.out.hold(h.Subscriber, h.After)
+	return nil
 }
 
 func (a *Agent) info() proto.Info {

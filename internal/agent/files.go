@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -193,132 +192,79 @@ type pendingWrite struct {
 
 func newWrites() *writes { return &writes{m: map[string]*pendingWrite{}, maxIdle: 5 * time.Minute} }
 
-func (a *Agent) dispatchFile(ctx context.Context, c proto.Call, blob []byte) (any, []byte, error) {
-	switch c.Method {
-	case proto.MethodFileStat:
-		p, err := decode[proto.PathRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		name, err := cleanPath(p.Path)
-		if err != nil {
-			return nil, nil, err
-		}
-		fi, err := a.fs.Lstat(name)
-		if err != nil {
-			return nil, nil, fileError("stat", name, err)
-		}
-		return a.entry(name, fi), nil, nil
-	case proto.MethodFileList:
-		p, err := decode[proto.ListRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		return a.listDir(p)
-	case proto.MethodFileRead:
-		p, err := decode[proto.ReadFileRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		return a.readFile(p)
-	case proto.MethodFileWriteBegin:
-		p, err := decode[proto.WriteBegin](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		h, err := a.writeBegin(p)
-		return h, nil, err
-	case proto.MethodFileWriteChunk:
-		p, err := decode[proto.WriteChunk](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		return proto.Empty{}, nil, a.writeChunk(p, blob)
-	case proto.MethodFileWriteCommit:
-		p, err := decode[proto.WriteHandle](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		e, err := a.writeCommit(p.Handle)
-		return e, nil, err
-	case proto.MethodFileWriteAbort:
-		p, err := decode[proto.WriteHandle](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		a.writeAbort(p.Handle)
-		return proto.Empty{}, nil, nil
-	case proto.MethodFileRemove:
-		p, err := decode[proto.RemoveRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		name, err := cleanPath(p.Path)
-		if err != nil {
-			return nil, nil, err
-		}
-		if name == "/" {
-			return nil, nil, proto.Errorf(proto.CodeInvalidArgument, "refusing to remove /")
-		}
-		if _, err := a.fs.Lstat(name); err != nil {
-			return nil, nil, fileError("remove", name, err)
-		}
-		if p.Recursive {
-			err = a.fs.RemoveAll(name)
-		} else {
-			err = a.fs.Remove(name)
-		}
-		if err != nil {
-			return nil, nil, fileError("remove", name, err)
-		}
-		return proto.Empty{}, nil, nil
-	case proto.MethodFileMkdir:
-		p, err := decode[proto.MkdirRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		name, err := cleanPath(p.Path)
-		if err != nil {
-			return nil, nil, err
-		}
-		mode := fs.FileMode(p.Mode & 0o7777)
-		if mode == 0 {
-			mode = 0o755
-		}
-		if err := a.mkdirAs(name, mode, p.User); err != nil {
-			return nil, nil, fileError("mkdir", name, err)
-		}
-		fi, err := a.fs.Lstat(name)
-		if err != nil {
-			return nil, nil, fileError("mkdir", name, err)
-		}
-		return a.entry(name, fi), nil, nil
-	case proto.MethodFileMove:
-		p, err := decode[proto.MoveRequest](c.Params)
-		if err != nil {
-			return nil, nil, err
-		}
-		from, err := cleanPath(p.From)
-		if err != nil {
-			return nil, nil, err
-		}
-		to, err := cleanPath(p.To)
-		if err != nil {
-			return nil, nil, err
-		}
-		if from == "/" || to == "/" {
-			return nil, nil, proto.Errorf(proto.CodeInvalidArgument, "cannot move /")
-		}
-		if err := a.fs.Rename(from, to); err != nil {
-			return nil, nil, fileError("move", from, err)
-		}
-		fi, err := a.fs.Lstat(to)
-		if err != nil {
-			return nil, nil, fileError("move", to, err)
-		}
-		return a.entry(to, fi), nil, nil
+func (a *Agent) stat(path string) (proto.Entry, error) {
+	name, err := cleanPath(path)
+	if err != nil {
+		return proto.Entry{}, err
 	}
-	return nil, nil, proto.Errorf(proto.CodeUnimplemented, "unknown method %q", c.Method)
+	fi, err := a.fs.Lstat(name)
+	if err != nil {
+		return proto.Entry{}, fileError("stat", name, err)
+	}
+	return a.entry(name, fi), nil
+}
+
+func (a *Agent) remove(p proto.RemoveRequest) error {
+	name, err := cleanPath(p.Path)
+	if err != nil {
+		return err
+	}
+	if name == "/" {
+		return proto.Errorf(proto.CodeInvalidArgument, "refusing to remove /")
+	}
+	if _, err := a.fs.Lstat(name); err != nil {
+		return fileError("remove", name, err)
+	}
+	if p.Recursive {
+		err = a.fs.RemoveAll(name)
+	} else {
+		err = a.fs.Remove(name)
+	}
+	if err != nil {
+		return fileError("remove", name, err)
+	}
+	return nil
+}
+
+func (a *Agent) mkdir(p proto.MkdirRequest) (proto.Entry, error) {
+	name, err := cleanPath(p.Path)
+	if err != nil {
+		return proto.Entry{}, err
+	}
+	mode := fs.FileMode(p.Mode & 0o7777)
+	if mode == 0 {
+		mode = 0o755
+	}
+	if err := a.mkdirAs(name, mode, p.User); err != nil {
+		return proto.Entry{}, fileError("mkdir", name, err)
+	}
+	fi, err := a.fs.Lstat(name)
+	if err != nil {
+		return proto.Entry{}, fileError("mkdir", name, err)
+	}
+	return a.entry(name, fi), nil
+}
+
+func (a *Agent) move(p proto.MoveRequest) (proto.Entry, error) {
+	from, err := cleanPath(p.From)
+	if err != nil {
+		return proto.Entry{}, err
+	}
+	to, err := cleanPath(p.To)
+	if err != nil {
+		return proto.Entry{}, err
+	}
+	if from == "/" || to == "/" {
+		return proto.Entry{}, proto.Errorf(proto.CodeInvalidArgument, "cannot move /")
+	}
+	if err := a.fs.Rename(from, to); err != nil {
+		return proto.Entry{}, fileError("move", from, err)
+	}
+	fi, err := a.fs.Lstat(to)
+	if err != nil {
+		return proto.Entry{}, fileError("move", to, err)
+	}
+	return a.entry(to, fi), nil
 }
 
 // maxListEntries bounds one listing.

@@ -74,7 +74,9 @@ func (p *process) fail(code int, e *proto.Error) {
 
 // start forks the process. Problems with the command itself (missing
 // executable or cwd) end the process with an error; they are not errors of
-// the call.
+// the call. Its steps: prepare (user, working directory, environment,
+// executable), stdio (a terminal or pipes), the fork through the reaper,
+// then watch (output pumps, timeout, exit).
 func (a *Agent) start(p *process) {
 	p.mu.Lock()
 	if p.state != proto.ProcPending {
@@ -86,91 +88,22 @@ func (a *Agent) start(p *process) {
 	p.startedAt = &now
 	p.mu.Unlock()
 
-	spec := p.spec
-	var acc *account
-	if spec.User != "" {
-		u, err := a.lookupUser(spec.User)
-		if err != nil {
-			p.fail(exitStartFailed, proto.Errorf("user_not_found", "user %s does not exist in the sandbox", spec.User))
-			return
-		}
-		acc = &u
-		if spec.Cwd == "" {
-			spec.Cwd = u.home
-			if fi, err := os.Stat(u.home); err != nil || !fi.IsDir() {
-				spec.Cwd = "/"
-			}
-		}
-	}
-	env := a.environ(spec, acc)
-	if spec.Cwd != "" {
-		if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
-			p.fail(exitStartFailed, proto.Errorf("cwd_not_found", "working directory %s does not exist", spec.Cwd))
-			return
-		}
-	}
-	path, err := lookPath(spec.Argv[0], env)
-	if err != nil {
-		code, ecode := exitNotFound, "executable_not_found"
-		if errors.Is(err, os.ErrPermission) {
-			code, ecode = exitNotExecutable, "executable_not_executable"
-		}
-		p.fail(code, proto.Errorf(ecode, "%s: %v", spec.Argv[0], err))
+	l, code, perr := a.prepare(p.spec)
+	if perr != nil {
+		p.fail(code, perr)
 		return
 	}
-	cmd := exec.Command(path)
-	cmd.Args = spec.Argv
-	cmd.Env = env
-	cmd.Dir = spec.Cwd
-	var readers []*os.File
-	var closeAfterStart []*os.File
-	if spec.PTY != nil {
-		ptmx, tty, err := pty.Open()
-		if err != nil {
-			p.fail(exitStartFailed, proto.Errorf("start_failed", "open pty: %v", err))
-			return
-		}
-		pty.Setsize(ptmx, &pty.Winsize{Cols: spec.PTY.Cols, Rows: spec.PTY.Rows})
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-		readers = append(readers, ptmx)
-		closeAfterStart = append(closeAfterStart, tty)
-		p.mu.Lock()
-		p.ptmx = ptmx
-		if spec.Stdin {
-			p.stdin = ptmx
-		}
-		p.mu.Unlock()
-	} else {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		for _, dst := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
-			r, w, err := os.Pipe()
-			if err != nil {
-				p.fail(exitStartFailed, proto.Errorf("start_failed", "pipe: %v", err))
-				return
-			}
-			// A larger pipe lets a fast writer run ahead between reads
-			// (best effort: the default 64 KiB stays where refused).
-			unix.FcntlInt(r.Fd(), unix.F_SETPIPE_SZ, pipeSize)
-			*dst = w
-			readers = append(readers, r)
-			closeAfterStart = append(closeAfterStart, w)
-		}
-		if spec.Stdin {
-			r, w, err := os.Pipe()
-			if err != nil {
-				p.fail(exitStartFailed, proto.Errorf("start_failed", "pipe: %v", err))
-				return
-			}
-			cmd.Stdin = r
-			closeAfterStart = append(closeAfterStart, r)
-			p.mu.Lock()
-			p.stdin = w
-			p.mu.Unlock()
-		}
+	cmd := exec.Command(l.path)
+	cmd.Args = l.spec.Argv
+	cmd.Env = l.env
+	cmd.Dir = l.spec.Cwd
+	readers, closeAfterStart, perr := stdio(p, cmd, l.spec)
+	if perr != nil {
+		p.fail(exitStartFailed, perr)
+		return
 	}
-	if acc != nil && acc.uid != os.Getuid() {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(acc.uid), Gid: uint32(acc.gid), Groups: acc.groups}
+	if l.acc != nil && l.acc.uid != os.Getuid() {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(l.acc.uid), Gid: uint32(l.acc.gid), Groups: l.acc.groups}
 	}
 	exited, err := a.reaper.start(func() (int, error) {
 		if err := cmd.Start(); err != nil {
@@ -186,7 +119,7 @@ func (a *Agent) start(p *process) {
 			f.Close()
 		}
 		if errors.Is(err, syscall.ENOEXEC) || errors.Is(err, syscall.EACCES) {
-			p.fail(exitNotExecutable, proto.Errorf("executable_not_executable", "%s: %v", spec.Argv[0], err))
+			p.fail(exitNotExecutable, proto.Errorf("executable_not_executable", "%s: %v", l.spec.Argv[0], err))
 			return
 		}
 		p.fail(exitStartFailed, proto.Errorf("start_failed", "%v", err))
@@ -197,8 +130,113 @@ func (a *Agent) start(p *process) {
 	p.mu.Lock()
 	p.pid = pid
 	p.mu.Unlock()
-	a.log.Info("process started", "process_id", spec.ID, "pid", pid)
+	a.log.Info("process started", "process_id", l.spec.ID, "pid", pid)
+	a.watch(p, pid, readers, exited)
+}
 
+// launch is a process ready to fork.
+type launch struct {
+	spec proto.ProcessSpec // with the user's home as Cwd when it named none
+	acc  *account          // nil: the agent's own user
+	env  []string
+	path string // the executable
+}
+
+// prepare resolves what a process runs as and where: the user, the working
+// directory, the environment and the executable. A failure is the exit code
+// and error the process ends with.
+func (a *Agent) prepare(spec proto.ProcessSpec) (launch, int, *proto.Error) {
+	var acc *account
+	if spec.User != "" {
+		u, err := a.lookupUser(spec.User)
+		if err != nil {
+			return launch{}, exitStartFailed, proto.Errorf("user_not_found", "user %s does not exist in the sandbox", spec.User)
+		}
+		acc = &u
+		if spec.Cwd == "" {
+			spec.Cwd = u.home
+			if fi, err := os.Stat(u.home); err != nil || !fi.IsDir() {
+				spec.Cwd = "/"
+			}
+		}
+	}
+	env := a.environ(spec, acc)
+	if spec.Cwd != "" {
+		if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
+			return launch{}, exitStartFailed, proto.Errorf("cwd_not_found", "working directory %s does not exist", spec.Cwd)
+		}
+	}
+	path, err := lookPath(spec.Argv[0], env)
+	if err != nil {
+		code, ecode := exitNotFound, "executable_not_found"
+		if errors.Is(err, os.ErrPermission) {
+			code, ecode = exitNotExecutable, "executable_not_executable"
+		}
+		return launch{}, code, proto.Errorf(ecode, "%s: %v", spec.Argv[0], err)
+	}
+	return launch{spec: spec, acc: acc, env: env, path: path}, 0, nil
+}
+
+// stdio gives cmd a terminal (one reader, which stdin writes to) or pipes
+// (stdout and stderr readers, and a stdin pipe when asked), and sets its
+// session or process group. The child's ends are closed after the fork.
+func stdio(p *process, cmd *exec.Cmd, spec proto.ProcessSpec) (readers, closeAfterStart []*os.File, _ *proto.Error) {
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
+		}
+	}
+	if spec.PTY != nil {
+		ptmx, tty, err := pty.Open()
+		if err != nil {
+			return nil, nil, proto.Errorf("start_failed", "open pty: %v", err)
+		}
+		pty.Setsize(ptmx, &pty.Winsize{Cols: spec.PTY.Cols, Rows: spec.PTY.Rows})
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		p.mu.Lock()
+		p.ptmx = ptmx
+		if spec.Stdin {
+			p.stdin = ptmx
+		}
+		p.mu.Unlock()
+		return []*os.File{ptmx}, []*os.File{tty}, nil
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	for _, dst := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll(readers)
+			closeAll(closeAfterStart)
+			return nil, nil, proto.Errorf("start_failed", "pipe: %v", err)
+		}
+		// A larger pipe lets a fast writer run ahead between reads
+		// (best effort: the default 64 KiB stays where refused).
+		unix.FcntlInt(r.Fd(), unix.F_SETPIPE_SZ, pipeSize)
+		*dst = w
+		readers = append(readers, r)
+		closeAfterStart = append(closeAfterStart, w)
+	}
+	if spec.Stdin {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll(readers)
+			closeAll(closeAfterStart)
+			return nil, nil, proto.Errorf("start_failed", "pipe: %v", err)
+		}
+		cmd.Stdin = r
+		closeAfterStart = append(closeAfterStart, r)
+		p.mu.Lock()
+		p.stdin = w
+		p.mu.Unlock()
+	}
+	return readers, closeAfterStart, nil
+}
+
+// watch pumps a started process's output into its window, kills it at its
+// timeout, and records its exit once the output is drained.
+func (a *Agent) watch(p *process, pid int, readers []*os.File, exited <-chan syscall.WaitStatus) {
+	spec := p.spec
 	var wg sync.WaitGroup
 	streams := []string{proto.Stdout, proto.Stderr}
 	for i, f := range readers {
