@@ -205,7 +205,7 @@ func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
 		sandbox.OpDelete:  s.engine.Delete,
 	}[kind]
 	return func(w http.ResponseWriter, r *http.Request, p params) error {
-		s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 			var empty struct{}
 			id, err := sandboxJSON(r, p, body, &empty)
 			if err != nil {
@@ -219,8 +219,6 @@ func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
 			b, err := edge.Marshal(build(nil, op))
 			return response{status: http.StatusAccepted, body: b, location: operationLocation(nil, op)}, err
 		})
-
-		return nil
 	}
 }
 

@@ -26,7 +26,7 @@ import (
 
 // Config wires a Server.
 type Config struct {
-	Engine   *lifecycle.Engine
+	Engine   Engine
 	Commands *commands.Service
 	Store    Store
 	Tokens   *auth.Tokens
@@ -40,6 +40,28 @@ type Config struct {
 	Builder TemplateBuilder
 	// DataDir, when set, must take writes for /readyz to say ready.
 	DataDir string
+}
+
+// Engine is what the control plane asks of the lifecycle engine.
+type Engine interface {
+	Create(ctx context.Context, req lifecycle.CreateRequest, render lifecycle.Render) (*sandbox.Sandbox, *sandbox.Operation, error)
+	Get(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, q store.SandboxQuery) (store.Page[sandbox.Sandbox], error)
+	Pause(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	Suspend(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	Wake(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	Delete(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error)
+	Operation(ctx context.Context, id string) (*sandbox.Operation, error)
+	Operations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error)
+	StartBuild(ctx context.Context, ref string, render lifecycle.Render, build func(ctx context.Context) error) (*sandbox.Operation, error)
+	WarmPool(ctx context.Context, template string) (lifecycle.WarmPool, error)
+	SetWarmPool(ctx context.Context, template string, minReady int) (lifecycle.WarmPool, error)
+	// Ready says why the engine cannot serve sandboxes (nil: it can);
+	// Runtimes and RuntimeDetails describe what it runs them on.
+	Ready() error
+	Runtimes() (names []string, def string)
+	RuntimeDetails() map[string]string
 }
 
 // Store is what the control plane keeps in the database itself: idempotency
@@ -57,7 +79,7 @@ type TemplateLister interface {
 
 // Server is the control-plane HTTP handler.
 type Server struct {
-	engine    *lifecycle.Engine
+	engine    Engine
 	commands  *commands.Service
 	store     Store
 	tokens    *auth.Tokens

@@ -429,14 +429,12 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbo
 
 // setTimeout replaces the sandbox's timeout (E2B: POST …/timeout).
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
-	s.changeTimeout(w, r, "timeout", 0, s.cfg.Engine.SetTimeout)
-	return nil
+	return s.changeTimeout(w, r, "timeout", 0, s.cfg.Engine.SetTimeout)
 }
 
 // refresh extends a sandbox's timeout by duration seconds (default 60).
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) error {
-	s.changeTimeout(w, r, "duration", time.Minute, s.cfg.Engine.ExtendTimeout)
-	return nil
+	return s.changeTimeout(w, r, "duration", time.Minute, s.cfg.Engine.ExtendTimeout)
 }
 
 // changeTimeout reads {field: seconds} (required when def is 0) and applies
