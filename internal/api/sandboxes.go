@@ -198,12 +198,17 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request, p params) er
 
 // lifecycleHandler serves DELETE and the :pause, :suspend and :wake methods.
 func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
-	step := map[sandbox.OpKind]func(context.Context, string, lifecycle.Render) (*sandbox.Operation, error){
-		sandbox.OpPause:   s.engine.Pause,
-		sandbox.OpSuspend: s.engine.Suspend,
-		sandbox.OpWake:    s.engine.Wake,
-		sandbox.OpDelete:  s.engine.Delete,
-	}[kind]
+	step := func(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error) {
+		switch kind {
+		case sandbox.OpPause:
+			return s.engine.Pause(ctx, id, render)
+		case sandbox.OpSuspend:
+			return s.engine.Suspend(ctx, id, render)
+		case sandbox.OpWake:
+			return s.engine.Wake(ctx, id, render)
+		}
+		return s.engine.Delete(ctx, id, render)
+	}
 	return func(w http.ResponseWriter, r *http.Request, p params) error {
 		return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
 			var empty struct{}
