@@ -95,6 +95,10 @@ func cleanPath(p string) (string, error) {
 
 // fileError maps a file system error to a call error.
 func fileError(op, p string, err error) error {
+	var pe *proto.Error
+	if errors.As(err, &pe) {
+		return pe // the agent's own answer (an unknown user) keeps its code
+	}
 	for _, m := range fileErrors {
 		for _, e := range m.errs {
 			if errors.Is(err, e) {

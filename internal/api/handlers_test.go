@@ -144,14 +144,14 @@ func TestControlPlaneHandlers(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
-			run := h.eng.add(sandbox.Running)
-			paused := h.eng.add(sandbox.Paused)
+			run := h.eng.Add(sandbox.Running)
+			paused := h.eng.Add(sandbox.Paused)
 			path := strings.NewReplacer("{R}", run.ID, "{P}", paused.ID, "{U}", ids.New(ids.Sandbox),
 				"{PID}", ids.New(ids.Process), "{OP}", ids.New(ids.Operation)).Replace(tc.path)
 			if tc.agentDown {
 				h.agent.Stop()
 			}
-			h.eng.fail = tc.engineFails
+			h.eng.Fail = tc.engineFails
 			w := h.call(h.api, tc.method, path, tc.body, h.token)
 			if w.Code != tc.status || errorCode(w) != tc.code {
 				t.Fatalf("%s %s: %d %s, want %d %q", tc.method, path, w.Code, w.Body, tc.status, tc.code)
@@ -174,7 +174,7 @@ func TestAuthenticationAndProbes(t *testing.T) {
 	if w := h.call(h.api, "GET", "/readyz", "", ""); w.Code != 200 || !strings.Contains(w.Body.String(), `"ready"`) {
 		t.Fatalf("readyz: %d %s", w.Code, w.Body)
 	}
-	h.eng.ready = errdefs.New(errdefs.Unavailable, "no runtime")
+	h.eng.NotReady = errdefs.New(errdefs.Unavailable, "no runtime")
 	if w := h.call(h.api, "GET", "/readyz", "", ""); w.Code != 503 || !strings.Contains(w.Body.String(), "no runtime") {
 		t.Fatalf("readyz not ready: %d %s", w.Code, w.Body)
 	}
@@ -209,7 +209,7 @@ func TestDataPlaneHandlers(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
-			run := h.eng.add(sandbox.Running)
+			run := h.eng.Add(sandbox.Running)
 			create := func() *commands.Session {
 				s, err := h.cmds.Create(context.Background(), run.ID, commands.CreateRequest{Command: []string{"true"}, Stdin: true})
 				if err != nil {

@@ -1,0 +1,237 @@
+// Package enginetest is a FAKE lifecycle engine for the HTTP layers' handler
+// tests: sandboxes and operations in maps, transitions checked by
+// sandbox.Plan and finished at once, and errors on demand. Agents gives its
+// running sandboxes a real agent serving in the test process
+// (sandboxiotest). It satisfies the engine interfaces api and ecw own.
+package enginetest
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/sandboxio"
+	"github.com/spacesandbox/space/internal/sandboxio/sandboxiotest"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Engine is the FAKE engine. Set Fail to make every mutation refuse with it,
+// NotReady to make Ready report it.
+type Engine struct {
+	Fail     error
+	NotReady error
+
+	mu  sync.Mutex
+	sbs map[string]*sandbox.Sandbox
+	ops map[string]*sandbox.Operation
+	// Touched counts Touch calls per sandbox.
+	Touched map[string]int
+}
+
+// New returns an engine with no sandboxes.
+func New() *Engine {
+	return &Engine{sbs: map[string]*sandbox.Sandbox{}, ops: map[string]*sandbox.Operation{}, Touched: map[string]int{}}
+}
+
+// Add records a sandbox in state.
+func (f *Engine) Add(state sandbox.State) *sandbox.Sandbox {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb := &sandbox.Sandbox{ID: ids.New(ids.Sandbox), State: state, Runtime: "fake", CreatedAt: time.Now().UTC(),
+		Template: sandbox.TemplateRef{Ref: "seed:latest", Digest: "sha256:0"}}
+	f.sbs[sb.ID] = sb
+	return sb
+}
+
+// op records an operation that already succeeded.
+func (f *Engine) op(kind sandbox.OpKind, sbID string) *sandbox.Operation {
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: kind, SandboxID: sbID, State: sandbox.OpSucceeded, CreatedAt: time.Now().UTC()}
+	f.ops[op.ID] = op
+	return op
+}
+
+func (f *Engine) Create(ctx context.Context, req lifecycle.CreateRequest, render lifecycle.Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
+	if err := req.Normalize(lifecycle.DefaultLimits); err != nil {
+		return nil, nil, err
+	}
+	if f.Fail != nil {
+		return nil, nil, f.Fail
+	}
+	sb := f.Add(sandbox.Running)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return sb, f.op(sandbox.OpCreate, sb.ID), nil
+}
+
+func (f *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	}
+	c := *sb
+	return &c, nil
+}
+
+func (f *Engine) List(ctx context.Context, q store.SandboxQuery) (store.Page[sandbox.Sandbox], error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var p store.Page[sandbox.Sandbox]
+	for _, sb := range f.sbs {
+		if q.State == "" || sb.State == q.State {
+			p.Items = append(p.Items, *sb)
+		}
+	}
+	return p, nil
+}
+
+func (f *Engine) step(kind sandbox.OpKind, id string) (*sandbox.Operation, error) {
+	if f.Fail != nil {
+		return nil, f.Fail
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	}
+	tr, err := sandbox.Plan(kind, sb.State)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.FailedPrecondition, err, "%v", err)
+	}
+	sb.State = tr.To
+	return f.op(kind, id), nil
+}
+
+func (f *Engine) Pause(ctx context.Context, id string, _ lifecycle.Render) (*sandbox.Operation, error) {
+	return f.step(sandbox.OpPause, id)
+}
+
+func (f *Engine) Suspend(ctx context.Context, id string, _ lifecycle.Render) (*sandbox.Operation, error) {
+	return f.step(sandbox.OpSuspend, id)
+}
+
+func (f *Engine) Wake(ctx context.Context, id string, _ lifecycle.Render) (*sandbox.Operation, error) {
+	return f.step(sandbox.OpWake, id)
+}
+
+func (f *Engine) Delete(ctx context.Context, id string, _ lifecycle.Render) (*sandbox.Operation, error) {
+	return f.step(sandbox.OpDelete, id)
+}
+
+func (f *Engine) UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error) {
+	if f.Fail != nil {
+		return nil, f.Fail
+	}
+	sb, err := f.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.Network = &n
+	return sb, nil
+}
+
+func (f *Engine) Operation(ctx context.Context, id string) (*sandbox.Operation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op, ok := f.ops[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "operation %s not found", id)
+	}
+	return op, nil
+}
+
+func (f *Engine) Operations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error) {
+	return store.Page[sandbox.Operation]{}, nil
+}
+
+func (f *Engine) StartBuild(ctx context.Context, ref string, _ lifecycle.Render, build func(ctx context.Context) error) (*sandbox.Operation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.op(sandbox.OpBuild, ""), nil
+}
+
+func (f *Engine) WarmPool(ctx context.Context, template string) (lifecycle.WarmPool, error) {
+	if template != "seed:latest" {
+		return lifecycle.WarmPool{}, errdefs.New(errdefs.NotFound, "template %s not found", template)
+	}
+	return lifecycle.WarmPool{Template: template}, nil
+}
+
+func (f *Engine) SetWarmPool(ctx context.Context, template string, minReady int) (lifecycle.WarmPool, error) {
+	if _, err := f.WarmPool(ctx, template); err != nil {
+		return lifecycle.WarmPool{}, err
+	}
+	return lifecycle.WarmPool{Template: template, MinReady: minReady}, nil
+}
+
+func (f *Engine) Ready() error                      { return f.NotReady }
+func (f *Engine) Runtimes() ([]string, string)      { return []string{"fake"}, "fake" }
+func (f *Engine) RuntimeDetails() map[string]string { return map[string]string{"fake": "FAKE engine"} }
+
+// WaitOperation returns an operation (they all finish at once).
+func (f *Engine) WaitOperation(ctx context.Context, id string) (*sandbox.Operation, error) {
+	return f.Operation(ctx, id)
+}
+
+func (f *Engine) timeout(id string, d time.Duration) (*sandbox.Sandbox, error) {
+	if f.Fail != nil {
+		return nil, f.Fail
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	}
+	if sb.State != sandbox.Running {
+		return nil, errdefs.New(errdefs.FailedPrecondition, "sandbox %s is %s", id, sb.State)
+	}
+	end := time.Now().Add(d)
+	sb.ExpiresAt = &end
+	c := *sb
+	return &c, nil
+}
+
+// SetTimeout and ExtendTimeout set a running sandbox's expiry.
+func (f *Engine) SetTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error) {
+	return f.timeout(id, d)
+}
+
+func (f *Engine) ExtendTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error) {
+	return f.timeout(id, d)
+}
+
+// Touch counts activity.
+func (f *Engine) Touch(id string) {
+	f.mu.Lock()
+	f.Touched[id]++
+	f.mu.Unlock()
+}
+
+// Agents is commands.Agents over the fake engine's records and one real
+// agent serving in this process (sandboxiotest): a running sandbox gets it,
+// others get the engine's refusal.
+type Agents struct {
+	Engine *Engine
+	IO     *sandboxiotest.Agent
+}
+
+func (a *Agents) Agent(ctx context.Context, id string) (*sandboxio.Agent, *sandbox.Sandbox, error) {
+	sb, err := a.Engine.Get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sb.State != sandbox.Running {
+		return nil, nil, errdefs.New(errdefs.FailedPrecondition, "sandbox %s is %s", id, sb.State)
+	}
+	return a.IO.Agent, sb, nil
+}
+
+// Attached does nothing.
+func (a *Agents) Attached(string) func() { return func() {} }
