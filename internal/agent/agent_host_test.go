@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,29 +18,12 @@ import (
 	"github.com/spacesandbox/space/internal/agent"
 	"github.com/spacesandbox/space/internal/agent/proto"
 	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/sandboxio/sandboxiotest"
 )
 
 // These tests run the agent as a HOST PROCESS (not in a sandbox) and talk to
 // it over a real unix socket pair, so its protocol, processes and files are
 // tested before any runtime exists.
-
-func socketPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk := func(fd int) net.Conn {
-		f := os.NewFile(uintptr(fd), "sock")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	return mk(fds[0]), mk(fds[1])
-}
 
 func startAgentOnHost(t *testing.T) (*agentclient.Client, string) {
 	t.Helper()
@@ -50,24 +32,8 @@ func startAgentOnHost(t *testing.T) (*agentclient.Client, string) {
 
 func startAgentWith(t *testing.T, cfg agent.Config) (*agentclient.Client, string) {
 	t.Helper()
-	root := cfg.Root
-	a, err := agent.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostSide, agentSide := socketPair(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { a.Serve(ctx, agentSide); close(done) }()
-	c, err := agentclient.Dial(ctx, hostSide)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); cancel(); <-done; a.Close() })
-	if !c.Hello().Ready {
-		t.Fatal("agent not ready")
-	}
-	return c, root
+	a := sandboxiotest.StartWith(t, cfg)
+	return a.Client, a.Root
 }
 
 type result struct {
@@ -462,7 +428,7 @@ func TestAgentOnHostPathsStayInside(t *testing.T) {
 func TestAgentOnHostVersionMismatch(t *testing.T) {
 	a, _ := agent.New(agent.Config{Root: t.TempDir()})
 	defer a.Close()
-	h, g := socketPair(t)
+	h, g := sandboxiotest.SocketPair(t)
 	errc := make(chan error, 1)
 	go func() { errc <- a.Serve(context.Background(), g) }()
 	w, r := proto.NewWriter(h), proto.NewReader(h)

@@ -2,20 +2,16 @@ package api
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"testing"
 
-	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/lifecycle/enginetest"
 	"github.com/spacesandbox/space/internal/sandboxio/sandboxiotest"
-	"github.com/spacesandbox/space/internal/store/sqlite"
 )
 
 // harness is a control plane and a data plane over the fakes, a real SQLite
@@ -32,23 +28,11 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "space.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	tokens := auth.New(st)
-	_, tok, err := tokens.Create(context.Background(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng := enginetest.New()
-	ag := sandboxiotest.Start(t)
-	cmds := commands.New(commands.Config{Agents: &enginetest.Agents{Engine: eng, IO: ag}, Signer: auth.NewSigner(bytes.Repeat([]byte{7}, 32)), DataPlaneURL: "http://data.test"})
+	w := enginetest.NewWorld(t)
 	log := slog.New(slog.DiscardHandler)
-	return &harness{t: t, eng: eng, agent: ag, token: tok, cmds: cmds,
-		api:  New(Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Logger: log, BootID: "test"}),
-		data: NewDataPlane(DataPlaneConfig{Commands: cmds, Store: st, Logger: log, BootID: "test", Tokens: tokens}),
+	return &harness{t: t, eng: w.Engine, agent: w.IO, token: w.Key, cmds: w.Commands,
+		api:  New(Config{Engine: w.Engine, Commands: w.Commands, Store: w.Store, Tokens: w.Tokens, Logger: log, BootID: "test"}),
+		data: NewDataPlane(DataPlaneConfig{Commands: w.Commands, Store: w.Store, Logger: log, BootID: "test", Tokens: w.Tokens}),
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
@@ -27,12 +26,8 @@ type world struct {
 }
 
 func newWorld(t *testing.T) *world {
-	eng := enginetest.New()
-	ag := sandboxiotest.Start(t)
-	w := &world{eng: eng, agent: ag, run: eng.Add(sandbox.Running), off: eng.Add(sandbox.Suspended)}
-	w.svc = commands.New(commands.Config{Agents: &enginetest.Agents{Engine: eng, IO: ag}, Signer: auth.NewSigner(bytes.Repeat([]byte{1}, 32)),
-		DataPlaneURL: "https://data.example/", TokenTTL: time.Hour})
-	return w
+	e := enginetest.NewWorld(t)
+	return &world{svc: e.Commands, eng: e.Engine, agent: e.IO, run: e.Engine.Add(sandbox.Running), off: e.Engine.Add(sandbox.Suspended)}
 }
 
 func TestCreateValidates(t *testing.T) {
@@ -81,7 +76,7 @@ func TestSessionStartsOnAttach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sess.Attach.URL != "https://data.example/v1/sessions/"+sess.SessionID+"/events" {
+	if sess.Attach.URL != enginetest.DataPlaneURL+"/v1/sessions/"+sess.SessionID+"/events" {
 		t.Fatalf("attach URL %q", sess.Attach.URL)
 	}
 	claims, err := w.svc.Signer().Verify(sess.Attach.Token, sess.SessionID)

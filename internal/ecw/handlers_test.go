@@ -3,7 +3,6 @@ package ecw
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"io"
@@ -11,18 +10,15 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spacesandbox/space/internal/auth"
-	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle/enginetest"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/sandboxio/sandboxiotest"
-	"github.com/spacesandbox/space/internal/store/sqlite"
 )
 
 // harness is the E2B layer over the FAKE engine, a real in-process agent
@@ -38,22 +34,9 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "space.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	tokens := auth.New(st)
-	tok, key, err := tokens.Create(context.Background(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng := enginetest.New()
-	ag := sandboxiotest.Start(t)
-	signer := auth.NewSigner(bytes.Repeat([]byte{7}, 32))
-	cmds := commands.New(commands.Config{Agents: &enginetest.Agents{Engine: eng, IO: ag}, Signer: signer, DataPlaneURL: "http://data.test"})
-	srv := New(Config{Engine: eng, Commands: cmds, Tokens: tokens, Logger: slog.New(slog.DiscardHandler), Domain: "e2b.test"})
-	return &harness{eng: eng, agent: ag, srv: srv, key: key, tokenID: tok.ID, signer: signer}
+	w := enginetest.NewWorld(t)
+	srv := New(Config{Engine: w.Engine, Commands: w.Commands, Tokens: w.Tokens, Logger: slog.New(slog.DiscardHandler), Domain: "e2b.test"})
+	return &harness{eng: w.Engine, agent: w.IO, srv: srv, key: w.Key, tokenID: w.KeyID, signer: w.Signer}
 }
 
 func (h *harness) serve(req *http.Request) *httptest.ResponseRecorder {

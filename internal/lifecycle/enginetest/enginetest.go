@@ -6,10 +6,15 @@
 package enginetest
 
 import (
+	"bytes"
 	"context"
+	"path/filepath"
 	"sync"
+	"testing"
 	"time"
 
+	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -17,6 +22,7 @@ import (
 	"github.com/spacesandbox/space/internal/sandboxio"
 	"github.com/spacesandbox/space/internal/sandboxio/sandboxiotest"
 	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/store/sqlite"
 )
 
 // Engine is the FAKE engine. Set Fail to make every mutation refuse with it,
@@ -47,6 +53,15 @@ func (f *Engine) Add(state sandbox.State) *sandbox.Sandbox {
 	return sb
 }
 
+// find returns a sandbox's record. Precondition: f.mu held.
+func (f *Engine) find(id string) (*sandbox.Sandbox, error) {
+	sb, ok := f.sbs[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
 // op records an operation that already succeeded.
 func (f *Engine) op(kind sandbox.OpKind, sbID string) *sandbox.Operation {
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: kind, SandboxID: sbID, State: sandbox.OpSucceeded, CreatedAt: time.Now().UTC()}
@@ -70,9 +85,9 @@ func (f *Engine) Create(ctx context.Context, req lifecycle.CreateRequest, render
 func (f *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	sb, ok := f.sbs[id]
-	if !ok {
-		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	sb, err := f.find(id)
+	if err != nil {
+		return nil, err
 	}
 	c := *sb
 	return &c, nil
@@ -96,9 +111,9 @@ func (f *Engine) step(kind sandbox.OpKind, id string) (*sandbox.Operation, error
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	sb, ok := f.sbs[id]
-	if !ok {
-		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	sb, err := f.find(id)
+	if err != nil {
+		return nil, err
 	}
 	tr, err := sandbox.Plan(kind, sb.State)
 	if err != nil {
@@ -185,9 +200,9 @@ func (f *Engine) timeout(id string, d time.Duration) (*sandbox.Sandbox, error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	sb, ok := f.sbs[id]
-	if !ok {
-		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	sb, err := f.find(id)
+	if err != nil {
+		return nil, err
 	}
 	if sb.State != sandbox.Running {
 		return nil, errdefs.New(errdefs.FailedPrecondition, "sandbox %s is %s", id, sb.State)
@@ -235,3 +250,39 @@ func (a *Agents) Agent(ctx context.Context, id string) (*sandboxio.Agent, *sandb
 
 // Attached does nothing.
 func (a *Agents) Attached(string) func() { return func() {} }
+
+// World is what a handler test needs around the FAKE engine: a real agent
+// serving in the test process for its running sandboxes, command sessions
+// over both (data plane at DataPlaneURL), API tokens in real SQLite, and one
+// token (Key, its id KeyID).
+type World struct {
+	Engine   *Engine
+	IO       *sandboxiotest.Agent
+	Commands *commands.Service
+	Signer   *auth.Signer
+	Store    *sqlite.Store
+	Tokens   *auth.Tokens
+	Key      string
+	KeyID    string
+}
+
+// DataPlaneURL is where a World's sessions say to attach.
+const DataPlaneURL = "http://data.test"
+
+// NewWorld makes a World that ends with the test.
+func NewWorld(t testing.TB) *World {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	tokens := auth.New(st)
+	tok, key, err := tokens.Create(context.Background(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &World{Engine: New(), IO: sandboxiotest.Start(t), Signer: auth.NewSigner(bytes.Repeat([]byte{7}, 32)), Store: st, Tokens: tokens, Key: key, KeyID: tok.ID}
+	w.Commands = commands.New(commands.Config{Agents: &Agents{Engine: w.Engine, IO: w.IO}, Signer: w.Signer, DataPlaneURL: DataPlaneURL})
+	return w
+}

@@ -20,6 +20,8 @@ import (
 // Agent is a running in-process agent and the directory it is confined to.
 type Agent struct {
 	*sandboxio.Agent
+	// Client is the raw protocol client (for the agent's own tests).
+	Client *agentclient.Client
 	// Root is the agent's "/" on the host.
 	Root string
 	// Stop ends the agent: later calls fail as with a sandbox whose agent
@@ -34,24 +36,18 @@ func Start(t testing.TB) *Agent {
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
 	os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
-	a, err := agent.New(agent.Config{Root: root})
+	return StartWith(t, agent.Config{Root: root})
+}
+
+// StartWith runs an agent configured by cfg; it is stopped when the test
+// ends.
+func StartWith(t testing.TB, cfg agent.Config) *Agent {
+	t.Helper()
+	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) net.Conn {
-		file := os.NewFile(uintptr(fd), "sock")
-		defer file.Close()
-		c, err := net.FileConn(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	hostSide, agentSide := conn(fds[0]), conn(fds[1])
+	hostSide, agentSide := SocketPair(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { a.Serve(ctx, agentSide); close(done) }()
@@ -71,5 +67,27 @@ func Start(t testing.TB) *Agent {
 		a.Close()
 	}
 	t.Cleanup(stop)
-	return &Agent{Agent: sandboxio.Wrap(c), Root: root, Stop: stop}
+	if !c.Hello().Ready {
+		t.Fatal("agent not ready")
+	}
+	return &Agent{Agent: sandboxio.Wrap(c), Client: c, Root: cfg.Root, Stop: stop}
+}
+
+// SocketPair is a connected pair of unix stream sockets.
+func SocketPair(t testing.TB) (net.Conn, net.Conn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) net.Conn {
+		file := os.NewFile(uintptr(fd), "sock")
+		defer file.Close()
+		c, err := net.FileConn(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	return conn(fds[0]), conn(fds[1])
 }
