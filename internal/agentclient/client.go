@@ -367,7 +367,7 @@ func (c *Client) WriteFileAs(ctx context.Context, begin proto.WriteBegin, r io.R
 	buf := make([]byte, chunk)
 	var off int64
 	for {
-		n, rerr := io.ReadFull(r, buf)
+		n, rerr := fill(r, buf)
 		if n > 0 {
 			if _, _, err := c.Call(ctx, proto.MethodFileWriteChunk, proto.WriteChunk{Handle: h.Handle, Offset: off}, buf[:n]); err != nil {
 				abort()
@@ -375,7 +375,7 @@ func (c *Client) WriteFileAs(ctx context.Context, begin proto.WriteBegin, r io.R
 			}
 			off += int64(n)
 		}
-		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+		if errors.Is(rerr, io.EOF) {
 			break
 		}
 		if rerr != nil {
@@ -408,6 +408,22 @@ func (c *Client) MkdirAs(ctx context.Context, req proto.MkdirRequest) (proto.Ent
 func (c *Client) Move(ctx context.Context, from, to string) (proto.Entry, error) {
 	e, _, err := call[proto.Entry](ctx, c, proto.MethodFileMove, proto.MoveRequest{From: from, To: to}, nil)
 	return e, err
+}
+
+// fill reads into buf until it is full or r ends. Unlike io.ReadFull it
+// keeps a clean end (io.EOF, whatever was read before it) apart from a
+// failure: an HTTP body cut short fails with io.ErrUnexpectedEOF, and a
+// write must not commit it as a complete, shorter file.
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // FileReader streams a sandbox file in chunks. A file with a size yields

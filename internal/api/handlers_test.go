@@ -2,9 +2,14 @@ package api
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -252,5 +257,24 @@ func TestIdempotentRefusalIsReplayed(t *testing.T) {
 	first, second := send(), send()
 	if first.StatusCode != 400 || second.StatusCode != 400 || second.Header.Get(HeaderReplayed) != "true" {
 		t.Fatalf("first %d, retry %d replayed=%q", first.StatusCode, second.StatusCode, second.Header.Get(HeaderReplayed))
+	}
+}
+
+// An upload whose body breaks off (a client gone mid-request: net/http
+// reports io.ErrUnexpectedEOF) is refused and replaces nothing — never
+// committed as a complete, shorter file.
+func TestWriteFileCutShortReplacesNothing(t *testing.T) {
+	h := newHarness(t)
+	run := h.eng.Add(sandbox.Running)
+	body := io.MultiReader(strings.NewReader(strings.Repeat("x", 3<<20)), iotest.ErrReader(io.ErrUnexpectedEOF))
+	req := httptest.NewRequest("PUT", "/v1/sandboxes/"+run.ID+"/files?path=/etc/passwd", body)
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	w := httptest.NewRecorder()
+	h.api.ServeHTTP(w, req)
+	if w.Code != 400 || errorCode(w) != "invalid_argument" {
+		t.Fatalf("cut-short upload: %d %s", w.Code, w.Body)
+	}
+	if b, _ := os.ReadFile(filepath.Join(h.agent.Root, "etc", "passwd")); !strings.HasPrefix(string(b), "root:") {
+		t.Fatalf("the cut-short upload replaced the file (%d bytes)", len(b))
 	}
 }
