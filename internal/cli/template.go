@@ -11,9 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/server"
-	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/store/sqlite"
 	"github.com/spacesandbox/space/internal/templates"
 )
@@ -145,9 +143,9 @@ func templatesInUse(ctx context.Context, dataDir string) (func(string) bool, err
 		return nil, fmt.Errorf("open store in %s: %w", dataDir, err)
 	}
 	defer st.Close()
-	used := map[string]bool{}
-	if err := store.EachSandbox(ctx, st, "", func(sb *sandbox.Sandbox) { used[sb.Template.Digest] = true }); err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
+	used, err := st.TemplatesInUse(ctx)
+	if err != nil {
+		return nil, err
 	}
 	return func(d string) bool { return used[d] }, nil
 }

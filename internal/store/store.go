@@ -1,6 +1,6 @@
 // Package store defines how SPACE records its durable state — sandboxes and
-// operations, warm pools, idempotency records and API tokens — as one role
-// interface each, composed into Store.
+// operations, warm pools, idempotency records, API tokens and the templates
+// sandboxes reference — as one role interface each, composed into Store.
 // Implementations live in subpackages (sqlite); every implementation must pass
 // the conformance suite in storetest.
 package store
@@ -25,6 +25,7 @@ type Store interface {
 	Pools
 	Idempotency
 	Tokens
+	TemplateRefs
 	// Ping checks the database answers a read (readiness).
 	Ping(ctx context.Context) error
 	Close() error
@@ -105,6 +106,14 @@ type Idempotency interface {
 	// and in-flight reservations held by any owner other than liveOwner (their
 	// process is gone and its transaction never committed).
 	PruneIdempotencyKeys(ctx context.Context, now time.Time, liveOwner string) (int, error)
+}
+
+// TemplateRefs says which templates the recorded sandboxes were made from,
+// so template garbage collection keeps them.
+type TemplateRefs interface {
+	// TemplatesInUse returns the template digests of every sandbox that is
+	// not deleted (warm-pool sandboxes and failed ones included).
+	TemplatesInUse(ctx context.Context) (map[string]bool, error)
 }
 
 // Tokens records API tokens (their hashes, never their values).

@@ -371,3 +371,23 @@ func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error
 		return updateSandbox(ctx, tx, sb)
 	})
 }
+
+// TemplatesInUse reads the digest out of each live sandbox's document.
+func (s *Store) TemplatesInUse(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT json_extract(doc, '$.template.digest') FROM sandboxes WHERE state != ?`, sandbox.Deleted)
+	if err != nil {
+		return nil, fmt.Errorf("list template references: %w", err)
+	}
+	defer rows.Close()
+	used := map[string]bool{}
+	for rows.Next() {
+		var d sql.NullString
+		if err := rows.Scan(&d); err != nil {
+			return nil, fmt.Errorf("list template references: %w", err)
+		}
+		if d.Valid && d.String != "" {
+			used[d.String] = true
+		}
+	}
+	return used, rows.Err()
+}

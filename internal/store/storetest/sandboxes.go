@@ -376,3 +376,36 @@ func testOperationWithoutSandbox(t *testing.T, open Opener) {
 		t.Fatalf("build op = %+v", got)
 	}
 }
+
+func testTemplatesInUse(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	used, err := s.TemplatesInUse(ctx)
+	if err != nil || len(used) != 0 {
+		t.Fatalf("empty store: %v %v", used, err)
+	}
+	a, _ := newSandbox(sandbox.Running)
+	a.Template.Digest = "sha256:live"
+	b, _ := newSandbox(sandbox.Failed)
+	b.Template.Digest = "sha256:failed"
+	c, _ := newSandbox(sandbox.Deleted)
+	c.Template.Digest = "sha256:gone"
+	d, _ := newSandbox(sandbox.Running)
+	d.Template.Digest = "sha256:pool"
+	d.Pool = "seed:latest"
+	for _, sb := range []*sandbox.Sandbox{a, b, c, d} {
+		op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpSucceeded, CreatedAt: epoch, UpdatedAt: epoch}
+		sb.ActiveOperation = ""
+		if err := s.CreateSandbox(ctx, sb, op, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used, err = s.TemplatesInUse(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !used["sha256:live"] || !used["sha256:failed"] || !used["sha256:pool"] || used["sha256:gone"] || len(used) != 3 {
+		t.Fatalf("templates in use = %v", used)
+	}
+}

@@ -44,6 +44,7 @@ func Run(t *testing.T, newDB Factory) {
 		{"WarmPoolClaims", testWarmPoolClaims},
 		{"SurvivesReopen", testSurvivesReopen},
 		{"Ping", testPing},
+		{"TemplatesInUse", testTemplatesInUse},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
