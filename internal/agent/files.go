@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -146,14 +147,50 @@ func (a *Agent) entry(p string, fi fs.FileInfo) proto.Entry {
 	case fi.Mode().IsRegular():
 		e.Type = "file"
 	case fi.IsDir():
-		e.Type, e.Size = "dir", 0
+		e.Type = "dir"
 	case fi.Mode()&fs.ModeSymlink != 0:
 		e.Type = "symlink"
 		e.Target, _ = f.Readlink(p)
+		if res, tfi, ok := a.resolve(p); ok {
+			e.Resolved, e.TargetMode = res, "0"+strconvOct(uint32(tfi.Mode().Perm()))
+			switch {
+			case tfi.Mode().IsRegular():
+				e.TargetType = "file"
+			case tfi.IsDir():
+				e.TargetType = "dir"
+			default:
+				e.TargetType = "other"
+			}
+		}
 	default:
 		e.Type = "other"
 	}
 	return e
+}
+
+// resolve follows the symlink p, and every link its target leads to, inside
+// the sandbox's root: the absolute path it ends at and what is there. ok is
+// false for a link that dangles or loops.
+func (a *Agent) resolve(p string) (string, fs.FileInfo, bool) {
+	cur := p
+	for range 40 {
+		t, err := a.fs.Readlink(cur)
+		if err != nil {
+			return "", nil, false
+		}
+		if !path.IsAbs(t) {
+			t = path.Join(path.Dir(cur), t)
+		}
+		cur = path.Clean(t)
+		fi, err := a.fs.Lstat(cur)
+		if err != nil {
+			return "", nil, false
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			return cur, fi, true
+		}
+	}
+	return "", nil, false
 }
 
 func strconvOct(v uint32) string {
@@ -304,6 +341,8 @@ func (a *Agent) listDir(p proto.ListRequest) (any, []byte, error) {
 		if err != nil {
 			return fileError("list", dir, err)
 		}
+		// By name, each directory's entries right after it, as envd walks.
+		slices.SortFunc(ents, func(x, y fs.DirEntry) int { return strings.Compare(x.Name(), y.Name()) })
 		for _, de := range ents {
 			if len(out.Items) >= maxListEntries {
 				out.Truncated = true

@@ -30,12 +30,16 @@ type filesystemService struct {
 
 var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
 
-// entryInfo converts an agent entry to envd's: mode carries Go's file-mode
-// type bits, permissions its string form ("-rw-r--r--").
+// toEntry is an entry as envd describes it: mode is the POSIX permission
+// bits (493 for 0755) and permissions their string with the type letter
+// ("drwxr-xr-x"); a directory's size is its own; a symlink is described by
+// what it leads to — its type and permission bits, and symlinkTarget the
+// path with every link followed (the link's own path when it dangles).
 func toEntry(e sandboxio.Entry) *pb.EntryInfo {
 	perm, _ := strconv.ParseUint(e.Mode, 8, 32)
 	mode := fs.FileMode(perm)
-	out := &pb.EntryInfo{Name: e.Name, Path: e.Path, Size: e.Size, Owner: e.Owner, Group: e.Group, ModifiedTime: timestamppb.New(e.ModTime)}
+	out := &pb.EntryInfo{Name: e.Name, Path: e.Path, Size: e.Size, Owner: e.Owner, Group: e.Group, ModifiedTime: timestamppb.New(e.ModTime),
+		Mode: uint32(perm)}
 	switch e.Type {
 	case "file":
 		out.Type = pb.FileType_FILE_TYPE_FILE
@@ -43,10 +47,20 @@ func toEntry(e sandboxio.Entry) *pb.EntryInfo {
 		out.Type = pb.FileType_FILE_TYPE_DIRECTORY
 		mode |= fs.ModeDir
 	case "symlink":
-		out.Type = pb.FileType_FILE_TYPE_SYMLINK
 		mode |= fs.ModeSymlink
-		t := e.Target
-		out.SymlinkTarget = &t
+		target := e.Resolved
+		if target == "" {
+			target = e.Path
+		}
+		out.SymlinkTarget = &target
+		tperm, _ := strconv.ParseUint(e.TargetMode, 8, 32)
+		out.Mode = uint32(tperm)
+		switch e.TargetType {
+		case "file":
+			out.Type = pb.FileType_FILE_TYPE_FILE
+		case "dir":
+			out.Type = pb.FileType_FILE_TYPE_DIRECTORY
+		}
 	}
 	if out.Owner == "" {
 		out.Owner = strconv.Itoa(e.UID)
@@ -54,7 +68,7 @@ func toEntry(e sandboxio.Entry) *pb.EntryInfo {
 	if out.Group == "" {
 		out.Group = strconv.Itoa(e.GID)
 	}
-	out.Mode, out.Permissions = uint32(mode), mode.String()
+	out.Permissions = mode.String()
 	return out
 }
 
@@ -140,7 +154,8 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[pb.
 	if err != nil {
 		return nil, err
 	}
-	if err := sc.agent.Remove(ctx, name, true); err != nil {
+	// As envd (os.RemoveAll): a path that is not there is already removed.
+	if err := sc.agent.Remove(ctx, name, true); err != nil && !errors.Is(err, errdefs.NotFound) {
 		return nil, err
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil

@@ -10,6 +10,9 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -329,7 +332,7 @@ func TestEnvdRPCHandlers(t *testing.T) {
 		{name: "list: not found", procedure: fs + "ListDir", msg: `{"path":"/nope"}`, code: "not_found"},
 		{name: "list: agent failure", procedure: fs + "ListDir", msg: `{"path":"/"}`, agentDown: true, code: "unavailable"},
 		{name: "list", procedure: fs + "ListDir", msg: `{"path":"/","depth":2}`},
-		{name: "remove: not found", procedure: fs + "Remove", msg: `{"path":"/nope"}`, code: "not_found"},
+		{name: "remove: not there (a no-op, as envd)", procedure: fs + "Remove", msg: `{"path":"/nope"}`},
 		{name: "remove", procedure: fs + "Remove", msg: `{"path":"/etc"}`},
 		{name: "create watcher: not found", procedure: fs + "CreateWatcher", msg: `{"path":"/nope"}`, code: "not_found"},
 		{name: "create watcher", procedure: fs + "CreateWatcher", msg: `{"path":"/etc"}`},
@@ -357,5 +360,52 @@ func TestEnvdRPCHandlers(t *testing.T) {
 				t.Fatalf("%s %s: code %q (%s), want %q", tc.procedure, tc.msg, code, body, tc.code)
 			}
 		})
+	}
+}
+
+// Entries as envd describes them: POSIX permission bits, a directory's own
+// size, a symlink by what it leads to, listings sorted and depth-first.
+func TestEnvdEntries(t *testing.T) {
+	h := newHarness(t)
+	root := h.agent.Root
+	os.MkdirAll(filepath.Join(root, "w", "b", "deep"), 0o755)
+	os.Chmod(filepath.Join(root, "w"), 0o750)
+	os.WriteFile(filepath.Join(root, "w", "a.txt"), []byte("12345"), 0o640)
+	os.WriteFile(filepath.Join(root, "w", "c.txt"), nil, 0o600)
+	os.Symlink("b/deep", filepath.Join(root, "w", "link"))
+	os.Symlink("/nowhere", filepath.Join(root, "w", "dangling"))
+	stat := func(p string) map[string]any {
+		t.Helper()
+		_, body := h.rpc(t, rpcCase{procedure: "filesystem.Filesystem/Stat", msg: `{"path":"` + p + `"}`})
+		var r struct{ Entry map[string]any }
+		if err := json.Unmarshal(body, &r); err != nil {
+			t.Fatalf("stat %s: %s", p, body)
+		}
+		return r.Entry
+	}
+	fi, _ := os.Stat(filepath.Join(root, "w"))
+	dir := stat("/w")
+	if dir["mode"] != float64(0o750) || dir["permissions"] != "drwxr-x---" || dir["type"] != "FILE_TYPE_DIRECTORY" || dir["size"] != strconv.FormatInt(fi.Size(), 10) {
+		t.Errorf("directory: %v (size on disk %d)", dir, fi.Size())
+	}
+	if f := stat("/w/a.txt"); f["mode"] != float64(0o640) || f["permissions"] != "-rw-r-----" || f["size"] != "5" {
+		t.Errorf("file: %v", f)
+	}
+	if l := stat("/w/link"); l["type"] != "FILE_TYPE_DIRECTORY" || l["symlinkTarget"] != "/w/b/deep" || l["mode"] != float64(0o755) || !strings.HasPrefix(l["permissions"].(string), "L") {
+		t.Errorf("symlink: %v", l)
+	}
+	if d := stat("/w/dangling"); d["symlinkTarget"] != "/w/dangling" || d["type"] != nil {
+		t.Errorf("dangling symlink: %v", d)
+	}
+	_, body := h.rpc(t, rpcCase{procedure: "filesystem.Filesystem/ListDir", msg: `{"path":"/w","depth":3}`})
+	var l struct{ Entries []struct{ Path string } }
+	json.Unmarshal(body, &l)
+	var paths []string
+	for _, e := range l.Entries {
+		paths = append(paths, e.Path)
+	}
+	want := "/w/a.txt /w/b /w/b/deep /w/c.txt /w/dangling /w/link"
+	if got := strings.Join(paths, " "); got != want {
+		t.Errorf("list order:\n got %s\nwant %s", got, want)
 	}
 }

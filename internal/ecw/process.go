@@ -42,6 +42,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 	}
 	if pty := req.Msg.GetPty(); pty != nil {
 		creq.PTY = &commands.PTYRequest{Cols: uint16(pty.GetSize().GetCols()), Rows: uint16(pty.GetSize().GetRows())}
+		creq.Stdin = true // a terminal always takes input (envd's does)
 	}
 	// The request's deadline (the SDK's command timeout) is the process's:
 	// the agent kills it then, whether or not anyone still listens.

@@ -200,10 +200,16 @@ type Entry struct {
 	Mode    string    `json:"mode"` // octal permission bits, e.g. "0644"
 	ModTime time.Time `json:"mtime"`
 	Target  string    `json:"symlink_target,omitempty"`
-	UID     int       `json:"uid"`
-	GID     int       `json:"gid"`
-	Owner   string    `json:"owner,omitempty"` // user name of UID in the sandbox
-	Group   string    `json:"group,omitempty"` // group name of GID in the sandbox
+	// Resolved is a symlink's target with every link followed, absolute
+	// in the sandbox; TargetType and TargetMode describe what is there
+	// ("" when the link dangles or loops).
+	Resolved   string `json:"resolved,omitempty"`
+	TargetType string `json:"target_type,omitempty"`
+	TargetMode string `json:"target_mode,omitempty"`
+	UID        int    `json:"uid"`
+	GID        int    `json:"gid"`
+	Owner      string `json:"owner,omitempty"` // user name of UID in the sandbox
+	Group      string `json:"group,omitempty"` // group name of GID in the sandbox
 }
 
 // EntryList lists entries.
