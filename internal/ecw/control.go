@@ -2,6 +2,7 @@ package ecw
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"net/url"
@@ -481,30 +482,60 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
 
 // listQuery is a parsed list request.
 type listQuery struct {
-	states   map[string]bool // E2B states wanted
-	metadata map[string]string
-	limit    int
-	cursor   string
-	template string
+	states        map[string]bool // E2B states wanted
+	metadata      map[string]string
+	template      string
+	after, before time.Time // started at or after, before (zero: no bound)
+	desc          bool      // newest first (E2B's default)
+	limit         int
+	cursor        *listCursor // the last item of the previous page
+}
+
+// listCursor is where a page ends: the start time and id of its last
+// sandbox. The next page starts after it in the list's order, so paging
+// returns each sandbox once however the set changes meanwhile.
+type listCursor struct {
+	started time.Time
+	id      string
+}
+
+func (c listCursor) token() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.started.UnixNano(), 10) + "." + c.id))
+}
+
+func parseCursor(tok string) (*listCursor, error) {
+	bad := errdefs.New(errdefs.InvalidArgument, "nextToken is not a token this server gave out")
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return nil, bad
+	}
+	ns, id, ok := strings.Cut(string(b), ".")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || !ids.Valid(ids.Sandbox, id) {
+		return nil, bad
+	}
+	return &listCursor{started: time.Unix(0, n).UTC(), id: id}, nil
 }
 
 func parseList(r *http.Request, v2 bool) (listQuery, error) {
-	q := listQuery{states: map[string]bool{"running": true}, limit: 100}
+	q := listQuery{states: map[string]bool{"running": true}, limit: 100, desc: true}
 	if v2 {
 		q.states["paused"] = true
 	}
 	vals := r.URL.Query()
-	allowed := map[string]bool{"metadata": true, "state": v2, "limit": v2, "nextToken": v2, "template": v2, "order": v2, "startedAfter": v2}
+	allowed := map[string]bool{"metadata": true, "state": v2, "limit": v2, "nextToken": v2, "template": v2, "order": v2,
+		"startedAfter": v2, "startedBefore": v2}
 	for k := range vals {
 		if !allowed[k] {
 			return q, errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k)
 		}
 	}
-	if st := vals.Get("state"); st != "" {
+	// state=running&state=paused (as the SDKs send an array) or running,paused.
+	if sts := vals["state"]; len(sts) > 0 {
 		q.states = map[string]bool{}
-		for _, x := range strings.Split(st, ",") {
+		for _, x := range strings.Split(strings.Join(sts, ","), ",") {
 			if x != "running" && x != "paused" {
-				return q, errdefs.New(errdefs.InvalidArgument, "state must be running, paused or both (comma-separated)")
+				return q, errdefs.New(errdefs.InvalidArgument, "state must be running, paused or both")
 			}
 			q.states[x] = true
 		}
@@ -526,7 +557,29 @@ func parseList(r *http.Request, v2 bool) (listQuery, error) {
 		}
 		q.limit = n
 	}
-	q.cursor = vals.Get("nextToken")
+	switch vals.Get("order") {
+	case "", "desc":
+	case "asc":
+		q.desc = false
+	default:
+		return q, errdefs.New(errdefs.InvalidArgument, "order must be asc or desc")
+	}
+	for name, dst := range map[string]*time.Time{"startedAfter": &q.after, "startedBefore": &q.before} {
+		if v := vals.Get(name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return q, errdefs.New(errdefs.InvalidArgument, "%s must be an RFC 3339 time, like 2026-01-02T03:04:05Z", name)
+			}
+			*dst = t
+		}
+	}
+	if tok := vals.Get("nextToken"); tok != "" {
+		c, err := parseCursor(tok)
+		if err != nil {
+			return q, err
+		}
+		q.cursor = c
+	}
 	q.template = vals.Get("template")
 	return q, nil
 }
@@ -538,6 +591,9 @@ func (q listQuery) match(sb *sandbox.Sandbox) bool {
 	if q.template != "" && sb.Template.Ref != templateRef(q.template) && sb.Template.Ref != templateRef(q.template)+":latest" {
 		return false
 	}
+	if (!q.after.IsZero() && sb.CreatedAt.Before(q.after)) || (!q.before.IsZero() && !sb.CreatedAt.Before(q.before)) {
+		return false
+	}
 	for k, v := range q.metadata {
 		if sb.Metadata[k] != v {
 			return false
@@ -546,20 +602,51 @@ func (q listQuery) match(sb *sandbox.Sandbox) bool {
 	return true
 }
 
-// list reads one page of the store and keeps what matches; the next token
-// is the store's cursor, so following it never misses or repeats a sandbox.
-func (s *Server) list(r *http.Request, q listQuery) ([]sandboxDetail, string, error) {
-	page, err := s.cfg.Engine.List(r.Context(), store.SandboxQuery{Cursor: q.cursor, Limit: q.limit})
-	if err != nil {
-		return nil, "", err
-	}
-	out := []sandboxDetail{}
-	for i := range page.Items {
-		if sb := &page.Items[i]; q.match(sb) {
-			out = append(out, s.detail(sb, ""))
+// maxListed bounds how many sandboxes one list request considers.
+const maxListed = 10000
+
+// list filters every sandbox by q, sorts the matches by start time (and id)
+// in q's order, and returns the page after q's cursor and the token of the
+// next page ("" at the end): the limit applies after the filters, so a page
+// is never empty while more match.
+func (s *Server) list(ctx context.Context, q listQuery) ([]sandboxDetail, string, error) {
+	var all []sandbox.Sandbox
+	for cursor := ""; len(all) < maxListed; {
+		page, err := s.cfg.Engine.List(ctx, store.SandboxQuery{Cursor: cursor, Limit: store.MaxLimit})
+		if err != nil {
+			return nil, "", err
+		}
+		for i := range page.Items {
+			if q.match(&page.Items[i]) {
+				all = append(all, page.Items[i])
+			}
+		}
+		if cursor = page.Next; cursor == "" {
+			break
 		}
 	}
-	return out, page.Next, nil
+	before := func(a, b listCursor) bool { // a comes first in the list's order
+		if !a.started.Equal(b.started) {
+			return a.started.Before(b.started) != q.desc
+		}
+		return a.id != b.id && (a.id < b.id) != q.desc
+	}
+	at := func(sb *sandbox.Sandbox) listCursor { return listCursor{started: sb.CreatedAt, id: sb.ID} }
+	sort.Slice(all, func(i, j int) bool { return before(at(&all[i]), at(&all[j])) })
+	start := 0
+	if q.cursor != nil {
+		start = sort.Search(len(all), func(i int) bool { return before(*q.cursor, at(&all[i])) })
+	}
+	end := min(start+q.limit, len(all))
+	out := make([]sandboxDetail, 0, end-start)
+	for i := start; i < end; i++ {
+		out = append(out, s.detail(&all[i], ""))
+	}
+	next := ""
+	if end < len(all) {
+		next = at(&all[end-1]).token()
+	}
+	return out, next, nil
 }
 
 func (s *Server) listV2(w http.ResponseWriter, r *http.Request) error {
@@ -567,7 +654,7 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	items, next, err := s.list(r, q)
+	items, next, err := s.list(r.Context(), q)
 	if err != nil {
 		return err
 	}
@@ -577,25 +664,17 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) error {
 	return edge.JSON(w, http.StatusOK, items)
 }
 
-// listV1 lists every running sandbox (E2B's v1 list has no paging).
+// listV1 lists every running sandbox, oldest first (E2B's v1 list has no
+// paging).
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request) error {
 	q, err := parseList(r, false)
 	if err != nil {
 		return err
 	}
-	q.limit = store.MaxLimit
-	all := []sandboxDetail{}
-	for {
-		items, next, err := s.list(r, q)
-		if err != nil {
-			return err
-		}
-		all = append(all, items...)
-		if next == "" || len(all) >= 10000 {
-			break
-		}
-		q.cursor = next
+	q.limit, q.desc = maxListed, false
+	items, _, err := s.list(r.Context(), q)
+	if err != nil {
+		return err
 	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].StartedAt.Before(all[j].StartedAt) })
-	return edge.JSON(w, http.StatusOK, all)
+	return edge.JSON(w, http.StatusOK, items)
 }

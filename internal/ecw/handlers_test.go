@@ -12,9 +12,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -407,5 +409,84 @@ func TestEnvdEntries(t *testing.T) {
 	want := "/w/a.txt /w/b /w/b/deep /w/c.txt /w/dangling /w/link"
 	if got := strings.Join(paths, " "); got != want {
 		t.Errorf("list order:\n got %s\nwant %s", got, want)
+	}
+}
+
+// GET /v2/sandboxes as E2B pages it: filters before the limit (no empty page
+// while more match), newest first unless order=asc, startedAfter and
+// startedBefore, and paging that returns every match once.
+func TestListV2Paging(t *testing.T) {
+	h := newHarness(t)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var running, paused []string
+	for i := range 9 {
+		st := sandbox.Running
+		if i < 4 {
+			st = sandbox.Suspended // the oldest are paused
+		}
+		sb := h.eng.Add(st)
+		sb.CreatedAt = base.Add(time.Duration(i) * time.Minute)
+		sb.Metadata = map[string]string{"n": strconv.Itoa(i)}
+		if st == sandbox.Running {
+			running = append(running, sb.ID)
+		} else {
+			paused = append(paused, sb.ID)
+		}
+	}
+	page := func(query string) ([]string, string, int) {
+		t.Helper()
+		req := httptest.NewRequest("GET", "/v2/sandboxes?"+query, nil)
+		req.Header.Set("X-API-KEY", h.key)
+		w := h.serve(req)
+		var items []struct{ SandboxID string }
+		json.Unmarshal(w.Body.Bytes(), &items)
+		var out []string
+		for _, it := range items {
+			out = append(out, it.SandboxID)
+		}
+		return out, w.Header().Get("X-Next-Token"), w.Code
+	}
+	all := func(query string) []string {
+		t.Helper()
+		var got []string
+		for tok := ""; ; {
+			q := query
+			if tok != "" {
+				q += "&nextToken=" + tok
+			}
+			items, next, code := page(q)
+			if code != 200 || (len(items) == 0 && next != "") {
+				t.Fatalf("%s: %d, %d items, next %q", q, code, len(items), next)
+			}
+			got = append(got, items...)
+			if tok = next; tok == "" {
+				return got
+			}
+		}
+	}
+	rev := func(s []string) []string {
+		out := slices.Clone(s)
+		slices.Reverse(out)
+		return out
+	}
+	if got := all("state=paused&limit=3"); !slices.Equal(got, rev(paused)) {
+		t.Errorf("paused, newest first, 3 a page: %v, want %v", got, rev(paused))
+	}
+	if got := all("state=running&state=paused&limit=2&order=asc"); !slices.Equal(got, append(slices.Clone(paused), running...)) {
+		t.Errorf("both states (as an array), oldest first: %v", got)
+	}
+	if got := all("state=running,paused&limit=4"); !slices.Equal(got, rev(append(slices.Clone(paused), running...))) {
+		t.Errorf("both states, newest first: %v", got)
+	}
+	if got := all("limit=100&order=asc&startedAfter=" + base.Add(3*time.Minute).Format(time.RFC3339) + "&startedBefore=" + base.Add(6*time.Minute).Format(time.RFC3339)); !slices.Equal(got, []string{paused[3], running[0], running[1]}) {
+		t.Errorf("started in [3m, 6m): %v", got)
+	}
+	if got := all("metadata=n%3D7"); !slices.Equal(got, []string{running[3]}) {
+		t.Errorf("metadata n=7: %v", got)
+	}
+	for _, q := range []string{"order=sideways", "nextToken=garbage", "startedAfter=yesterday", "state=gone"} {
+		if _, _, code := page(q); code != 400 {
+			t.Errorf("%s: %d, want 400", q, code)
+		}
 	}
 }
