@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -44,13 +46,19 @@ func TestE2BSDK(t *testing.T) {
 	sdk := requireE2BSDK(t)
 	requireGVisor(t)
 	s := startSeedServer(t, "gvisor")
+	// The SDK runs with a token in E2B's key format (space token create --e2b).
+	created, _, code := s.runCLI("token", "create", "--name", "e2b-sdk", "--e2b", "--json")
+	var key struct{ Token string }
+	if json.Unmarshal([]byte(created), &key); code != 0 || !regexp.MustCompile(`^e2b_[0-9a-f]{40}$`).MatchString(key.Token) {
+		t.Fatalf("token create --e2b: exit %d, %s", code, created)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "sdk.test.mjs")
 	cmd.Dir = sdk
 	cmd.Env = append(os.Environ(),
-		"E2B_API_URL=http://"+s.ecwAddr, "E2B_SANDBOX_URL=http://"+s.ecwAddr, "E2B_API_KEY="+s.token,
+		"E2B_API_URL=http://"+s.ecwAddr, "E2B_SANDBOX_URL=http://"+s.ecwAddr, "E2B_API_KEY="+key.Token,
 		"UPSTREAM_PUBLIC="+s.up.Public[0].String(), "UPSTREAM_PUBLIC2="+s.up.Public[1].String())
 	start := time.Now()
 	out, err := cmd.CombinedOutput()

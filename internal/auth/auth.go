@@ -54,18 +54,35 @@ func New(s store.Tokens) *Tokens {
 	return &Tokens{store: s, now: func() time.Time { return time.Now().UTC() }, cacheTTL: time.Second, cache: map[string]cached{}}
 }
 
+// E2BKeyPrefix marks tokens made in E2B's API key format ("e2b_" and 40 hex
+// digits), for E2B SDKs and tools that check a key's shape.
+const E2BKeyPrefix = "e2b_"
+
 // Create makes a token, stores its hash and returns its value, which is
 // never retrievable again.
 func (t *Tokens) Create(ctx context.Context, name string) (store.Token, string, error) {
-	name = strings.TrimSpace(name)
-	if name == "" || len(name) > 64 {
-		return store.Token{}, "", errdefs.New(errdefs.InvalidArgument, "token name must be 1 to 64 characters")
-	}
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return store.Token{}, "", fmt.Errorf("generate token: %w", err)
 	}
-	value := TokenPrefix + tokenEncoding.EncodeToString(b[:])
+	return t.create(ctx, name, TokenPrefix+tokenEncoding.EncodeToString(b[:]))
+}
+
+// CreateE2BKey makes a token shaped like an E2B API key (160 random bits); it
+// works everywhere a token does.
+func (t *Tokens) CreateE2BKey(ctx context.Context, name string) (store.Token, string, error) {
+	var b [20]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return store.Token{}, "", fmt.Errorf("generate token: %w", err)
+	}
+	return t.create(ctx, name, E2BKeyPrefix+hex.EncodeToString(b[:]))
+}
+
+func (t *Tokens) create(ctx context.Context, name, value string) (store.Token, string, error) {
+	name = strings.TrimSpace(name)
+	if name == "" || len(name) > 64 {
+		return store.Token{}, "", errdefs.New(errdefs.InvalidArgument, "token name must be 1 to 64 characters")
+	}
 	tok := store.Token{ID: ids.New(ids.Token), Name: name, Hash: Hash(value), CreatedAt: t.now()}
 	if err := t.store.CreateToken(ctx, &tok); err != nil {
 		return store.Token{}, "", fmt.Errorf("store token: %w", err)
@@ -77,7 +94,7 @@ func (t *Tokens) Create(ctx context.Context, name string) (store.Token, string, 
 // Every failure is errdefs.Unauthenticated with the same message.
 func (t *Tokens) Verify(ctx context.Context, value string) (store.Token, error) {
 	denied := errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
-	if !strings.HasPrefix(value, TokenPrefix) || len(value) > 256 {
+	if !(strings.HasPrefix(value, TokenPrefix) || strings.HasPrefix(value, E2BKeyPrefix)) || len(value) > 256 {
 		return store.Token{}, denied
 	}
 	h := Hash(value)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -53,6 +54,29 @@ func TestCreateVerifyRevoke(t *testing.T) {
 	}
 	if _, _, err := tk.Create(ctx, " "); !errors.Is(err, errdefs.InvalidArgument) {
 		t.Fatalf("empty name = %v", err)
+	}
+}
+
+// A token in E2B's key format verifies and revokes like any other.
+func TestE2BKeys(t *testing.T) {
+	tk, _ := newTokens(t)
+	ctx := context.Background()
+	tok, value, err := tk.CreateE2BKey(ctx, "sdk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^e2b_[0-9a-f]{40}$`).MatchString(value) {
+		t.Fatalf("E2B key %q", value)
+	}
+	if got, err := tk.Verify(ctx, value); err != nil || got.ID != tok.ID {
+		t.Fatalf("verify = %+v %v", got, err)
+	}
+	if _, err := tk.Verify(ctx, "e2b_"+strings.Repeat("0", 40)); !errors.Is(err, errdefs.Unauthenticated) {
+		t.Fatalf("unknown E2B key: %v", err)
+	}
+	tk.Revoke(ctx, tok.ID)
+	if _, err := tk.Verify(ctx, value); !errors.Is(err, errdefs.Unauthenticated) {
+		t.Fatalf("revoked E2B key verified: %v", err)
 	}
 }
 

@@ -24,6 +24,7 @@ func tokenCmd(ctx context.Context, args []string, o Options) error {
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
 	name := fs.String("name", "", "token name (create)")
 	asJSON := fs.Bool("json", false, "print JSON")
+	e2bKey := fs.Bool("e2b", false, "create: shape the token like an E2B API key (e2b_ and 40 hex digits), for SDKs that check")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
 		return err
@@ -39,7 +40,11 @@ func tokenCmd(ctx context.Context, args []string, o Options) error {
 		if *name == "" {
 			return fmt.Errorf("%w: space token create --name NAME", errUsage)
 		}
-		tok, value, err := tokens.Create(ctx, *name)
+		create := tokens.Create
+		if *e2bKey {
+			create = tokens.CreateE2BKey
+		}
+		tok, value, err := create(ctx, *name)
 		if err != nil {
 			return err
 		}

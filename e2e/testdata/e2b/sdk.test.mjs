@@ -99,6 +99,41 @@ await sbx.files.remove('/home/user/newdir')
 assert.equal(await sbx.files.exists('/home/user/newdir'), false)
 step('files list, stat, makeDir, rename, remove')
 
+// Entries as envd describes them: POSIX permission bits, a directory's own
+// size, a symlink by what it leads to, lists sorted by name; removing a path
+// that is not there is not an error.
+await sbx.commands.run('mkdir -p /home/user/fi/sub && printf abc > /home/user/fi/z.txt && touch /home/user/fi/a.txt && ln -s sub /home/user/fi/link && chmod 750 /home/user/fi && chmod 600 /home/user/fi/z.txt')
+let fi = await sbx.files.getInfo('/home/user/fi')
+assert.equal(fi.type, 'dir')
+assert.equal(fi.mode, 0o750)
+assert.equal(fi.permissions, 'drwxr-x---')
+assert.ok(fi.size > 0, `directory size ${fi.size}`)
+fi = await sbx.files.getInfo('/home/user/fi/z.txt')
+assert.equal(fi.mode, 0o600)
+assert.equal(fi.size, 3)
+fi = await sbx.files.getInfo('/home/user/fi/link')
+assert.equal(fi.symlinkTarget, '/home/user/fi/sub')
+assert.equal(fi.type, 'dir')
+assert.deepEqual((await sbx.files.list('/home/user/fi')).map((e) => e.name), ['a.txt', 'link', 'sub', 'z.txt'])
+await sbx.files.remove('/home/user/fi/never-there')
+step('file info as envd: mode bits, directory size, symlink target, sorted list, remove of a missing path')
+
+// A PTY: a terminal, input, resize, kill
+let term = ''
+const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { term += new TextDecoder().decode(d) } })
+const waitFor = async (re) => {
+  for (let i = 0; i < 100 && !re.test(term); i++) await new Promise((res) => setTimeout(res, 100))
+  assert.match(term, re)
+}
+await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('tty; stty size\n'))
+await waitFor(/\/dev\/pts\/\d+[\s\S]*24 80/)
+await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 })
+await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size\n'))
+await waitFor(/30 100/)
+assert.equal(await sbx.pty.kill(pty.pid), true)
+await assert.rejects(pty.wait(), (e) => e instanceof CommandExitError)
+step('pty: tty, input, resize, kill')
+
 // pause (a SPACE suspend), state in getInfo and list filters
 const keeper = await sbx.commands.run('sleep 300', { background: true })
 await keeper.disconnect()
@@ -118,6 +153,35 @@ assert.ok(!(await ids({ state: ['running'] })).includes(sbx.sandboxId))
 assert.ok((await ids({ metadata: { suite: 'e2e-sdk' } })).includes(sbx.sandboxId))
 assert.ok(!(await ids({ metadata: { suite: 'other' } })).includes(sbx.sandboxId))
 step('pause, second pause false, paused in getInfo and list filters')
+
+// Listing as E2B pages it: newest first unless order is asc, limit after the
+// state filter, startedAfter, each sandbox once across pages.
+const extra = [await Sandbox.create({ timeoutMs: 120_000, metadata: { suite: 'e2e-list' } }),
+  await Sandbox.create({ timeoutMs: 120_000, metadata: { suite: 'e2e-list' } })]
+const pages = async (opts) => {
+  const out = []
+  const pager = Sandbox.list(opts)
+  while (pager.hasNext) {
+    const items = await pager.nextItems()
+    assert.ok(items.length > 0 || !pager.hasNext, 'an empty page while more are said to follow')
+    out.push(...items)
+  }
+  return out
+}
+let listedSbx = await pages({ query: { metadata: { suite: 'e2e-list' } }, limit: 1 })
+assert.deepEqual(listedSbx.map((s) => s.sandboxId), [extra[1].sandboxId, extra[0].sandboxId])
+listedSbx = await pages({ query: { metadata: { suite: 'e2e-list' } }, limit: 1, order: 'asc' })
+assert.deepEqual(listedSbx.map((s) => s.sandboxId), [extra[0].sandboxId, extra[1].sandboxId])
+const both = await pages({ query: { state: ['running', 'paused'] }, limit: 1 })
+assert.equal(new Set(both.map((s) => s.sandboxId)).size, both.length, 'a sandbox listed twice')
+assert.ok(both.some((s) => s.sandboxId === sbx.sandboxId) && both.some((s) => s.sandboxId === extra[0].sandboxId))
+const pausedOnly = await pages({ query: { state: ['paused'] }, limit: 1 })
+assert.deepEqual(pausedOnly.map((s) => s.sandboxId), [sbx.sandboxId])
+const since = (await Sandbox.getInfo(extra[1].sandboxId)).startedAt
+listedSbx = await pages({ query: { startedAfter: since, metadata: { suite: 'e2e-list' } } })
+assert.deepEqual(listedSbx.map((s) => s.sandboxId), [extra[1].sandboxId])
+for (const e of extra) await e.kill()
+step('list: newest first, order asc, limit after filters, startedAfter, each once across pages')
 
 // connect restores it: files and processes intact
 const again = await Sandbox.connect(sbx.sandboxId)
