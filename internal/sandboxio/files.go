@@ -25,10 +25,11 @@ type Entry struct {
 	Target  string    `json:"symlink_target,omitempty"`
 	// Resolved is a symlink's target with every link followed, absolute
 	// in the sandbox; TargetType and TargetMode describe what is there
-	// (empty when the link dangles or loops).
-	Resolved   string `json:"resolved,omitempty"`
-	TargetType string `json:"target_type,omitempty"`
-	TargetMode string `json:"target_mode,omitempty"`
+	// (empty when the link dangles or loops). The E2B layer shows them;
+	// the native API's entry does not.
+	Resolved   string `json:"-"`
+	TargetType string `json:"-"`
+	TargetMode string `json:"-"`
 	UID        int    `json:"uid"`
 	GID        int    `json:"gid"`
 	Owner      string `json:"owner,omitempty"` // user name of UID in the sandbox
