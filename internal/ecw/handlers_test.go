@@ -113,7 +113,6 @@ func TestControlHandlers(t *testing.T) {
 		{name: "network: bad body", method: "PUT", path: "/sandboxes/{R}/network", body: `{"allowOut":"all"}`, status: 400},
 		{name: "network: engine refuses", method: "PUT", path: "/sandboxes/{R}/network", body: `{}`, engineFails: errdefs.New(errdefs.FailedPrecondition, "no network"), status: 409},
 		{name: "network", method: "PUT", path: "/sandboxes/{R}/network", body: `{"denyOut":["10.0.0.0/8"]}`, status: 204},
-		{name: "no such endpoint", method: "GET", path: "/templates/x", status: 404},
 		{name: "wrong method", method: "PATCH", path: "/sandboxes", status: 405},
 	}
 	for _, tc := range cases {
@@ -129,6 +128,20 @@ func TestControlHandlers(t *testing.T) {
 				t.Fatalf("%s %s: %d %s, want %d", tc.method, path, w.Code, w.Body, tc.status)
 			}
 		})
+	}
+}
+
+// A route the layer does not have is a plain 404, as E2B's API answers it:
+// no JSON error body whose code the SDKs would read as "sandbox not found".
+func TestUnknownRouteIsNotSandboxNotFound(t *testing.T) {
+	h := newHarness(t)
+	for _, path := range []string{"/snapshots", "/sandboxes/" + ids.New(ids.Sandbox) + "/snapshots", "/v3/anything"} {
+		req := httptest.NewRequest("GET", path, nil)
+		req.Header.Set("X-API-KEY", h.key)
+		w := h.serve(req)
+		if w.Code != 404 || e2bCode(w) != 0 || strings.HasPrefix(w.Header().Get("Content-Type"), "application/json") {
+			t.Errorf("%s: %d %q %s", path, w.Code, w.Header().Get("Content-Type"), w.Body)
+		}
 	}
 }
 

@@ -109,7 +109,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		_, pattern := mux.Handler(r)
 		if pattern == "" {
-			return edge.NoRoute(w, r, allowedMethods(mux, r))
+			allowed := allowedMethods(mux, r)
+			if len(allowed) == 0 {
+				// As E2B's API answers a route it does not have: a plain
+				// 404 with no error body, which the SDKs do not read as
+				// "sandbox not found" (they decide on the body's code).
+				http.Error(w, "404 page not found", http.StatusNotFound)
+				return nil
+			}
+			return edge.NoRoute(w, r, allowed)
 		}
 		*route = pattern
 		var err error

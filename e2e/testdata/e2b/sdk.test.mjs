@@ -183,6 +183,14 @@ assert.deepEqual(listedSbx.map((s) => s.sandboxId), [extra[1].sandboxId])
 for (const e of extra) await e.kill()
 step('list: newest first, order asc, limit after filters, startedAfter, each once across pages')
 
+// An endpoint SPACE does not have (snapshots, for now) is not "sandbox not found"
+await assert.rejects(Sandbox.listSnapshots().nextItems(), (e) => {
+  assert.ok(!(e instanceof SandboxNotFoundError), `an unknown endpoint read as ${e}`)
+  assert.match(String(e.message), /404/)
+  return true
+})
+step('an unknown endpoint is not SandboxNotFoundError')
+
 // connect restores it: files and processes intact
 const again = await Sandbox.connect(sbx.sandboxId)
 got = await again.getInfo()
