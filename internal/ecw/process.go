@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"connectrpc.com/connect"
@@ -88,8 +89,12 @@ func (p *processService) follow(ctx context.Context, sandboxID, processID string
 		return send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: data}})
 	})
 	if err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.InvalidArgument) {
-		// The sandbox stopped running under the stream.
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the sandbox stopped running: %v", err))
+		// The sandbox stopped running under the stream (killed, timed out,
+		// paused). envd's connection dies with its sandbox, and the SDKs
+		// read exactly that — a connection cut, then a health check that
+		// answers 502 — as "killed or reached its end of life": end it so.
+		p.s.log.Info("E2B process stream cut: the sandbox stopped running", "sandbox_id", sandboxID, "process_id", processID, "err", err)
+		panic(http.ErrAbortHandler)
 	}
 	return err
 }

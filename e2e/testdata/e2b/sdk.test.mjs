@@ -228,6 +228,18 @@ assert.equal(await woken.files.read('/home/user/kept.txt'), 'kept')
 await woken.kill()
 step('timeout kills; onTimeout pause suspends and connect restores')
 
+// A command streaming when its sandbox is killed ends as it does on E2B: the
+// connection is cut and the SDK, finding the sandbox gone, says so.
+const doomed = await Sandbox.create({ timeoutMs: 120_000 })
+const longRun = doomed.commands.run('echo started; sleep 60', { onStdout: () => {} })
+await new Promise((res) => setTimeout(res, 1_500))
+await Sandbox.kill(doomed.sandboxId)
+await assert.rejects(longRun, (e) => {
+  assert.match(String(e.message), /killed or reached its end of life/)
+  return true
+})
+step('kill during a streaming command: the SDK reports end of life')
+
 // Networking, against the test's upstream namespace (e2e/e2b_test.go sets
 // UPSTREAM_PUBLIC and UPSTREAM_PUBLIC2: TEST-NET addresses served by HTTP,
 // and allowed.example.test resolving to the first).
