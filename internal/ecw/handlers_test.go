@@ -3,6 +3,7 @@ package ecw
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"io"
@@ -501,5 +502,45 @@ func TestListV2Paging(t *testing.T) {
 		if _, _, code := page(q); code != 400 {
 			t.Errorf("%s: %d, want 400", q, code)
 		}
+	}
+}
+
+// A process stream whose sandbox stops running is cut, as envd's connection
+// dies with its sandbox: no end-of-stream frame, a broken body — what the
+// SDKs, after a health check that answers 502, report as end of life.
+func TestProcessStreamIsCutWhenTheSandboxStops(t *testing.T) {
+	h := newHarness(t)
+	srv := httptest.NewServer(h.srv)
+	defer srv.Close()
+	run := h.eng.Add(sandbox.Running)
+	msg := []byte(`{"process":{"cmd":"sleep","args":["3"]}}`)
+	frame := append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)
+	req, _ := http.NewRequest("POST", srv.URL+"/process.Process/Start?username=root", bytes.NewReader(frame))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", run.ID)
+	req.Header.Set("X-Access-Token", h.signer.SandboxAccessToken(run.ID, h.tokenID))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var head [5]byte
+	if _, err := io.ReadFull(resp.Body, head[:]); err != nil { // the start event
+		t.Fatalf("no start event: %v", err)
+	}
+	io.CopyN(io.Discard, resp.Body, int64(binary.BigEndian.Uint32(head[1:])))
+	// The sandbox is suspended under the stream; its agent goes.
+	if _, err := h.eng.Suspend(context.Background(), run.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.agent.Stop()
+	rest, err := io.ReadAll(resp.Body)
+	if err == nil {
+		t.Fatalf("the stream ended cleanly (%q); want the connection cut", rest)
+	}
+	health, _ := http.NewRequest("GET", srv.URL+"/health", nil)
+	health.Header.Set("E2b-Sandbox-Id", run.ID)
+	if r, err := http.DefaultClient.Do(health); err != nil || r.StatusCode != 502 {
+		t.Fatalf("health of the stopped sandbox: %v %v", r, err)
 	}
 }
