@@ -17,7 +17,6 @@ import (
 // harness is a control plane and a data plane over the fakes, a real SQLite
 // store (tokens, idempotency) and a token to call them with.
 type harness struct {
-	t     *testing.T
 	eng   *enginetest.Engine
 	agent *sandboxiotest.Agent
 	api   *Server
@@ -30,7 +29,7 @@ func newHarness(t *testing.T) *harness {
 	t.Helper()
 	w := enginetest.NewWorld(t)
 	log := slog.New(slog.DiscardHandler)
-	return &harness{t: t, eng: w.Engine, agent: w.IO, token: w.Key, cmds: w.Commands,
+	return &harness{eng: w.Engine, agent: w.IO, token: w.Key, cmds: w.Commands,
 		api:  New(Config{Engine: w.Engine, Commands: w.Commands, Store: w.Store, Tokens: w.Tokens, Logger: log, BootID: "test"}),
 		data: NewDataPlane(DataPlaneConfig{Commands: w.Commands, Store: w.Store, Logger: log, BootID: "test", Tokens: w.Tokens}),
 	}
@@ -60,5 +59,3 @@ func errorCode(w *httptest.ResponseRecorder) string {
 	json.Unmarshal(w.Body.Bytes(), &b)
 	return b.Error.Code
 }
-
-func newRecorder() *httptest.ResponseRecorder { return httptest.NewRecorder() }

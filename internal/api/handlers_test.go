@@ -250,7 +250,7 @@ func TestIdempotentRefusalIsReplayed(t *testing.T) {
 		req, _ := http.NewRequest("POST", "/v1/sandboxes", strings.NewReader(`{"x":1}`))
 		req.Header.Set("Authorization", "Bearer "+h.token)
 		req.Header.Set(HeaderIdempotencyKey, "k1")
-		w := newRecorder()
+		w := httptest.NewRecorder()
 		h.api.ServeHTTP(w, req)
 		return w.Result()
 	}

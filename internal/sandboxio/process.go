@@ -13,17 +13,14 @@ const (
 	Stderr = proto.Stderr
 )
 
-// Process states.
-const (
-	ProcPending = proto.ProcPending // registered, starts on first attach
-	ProcRunning = proto.ProcRunning
-	ProcExited  = proto.ProcExited
-)
+// ProcPending is the state of a process registered but not started (it
+// starts on first attach); the others are "running" and "exited".
+const ProcPending = proto.ProcPending
 
 // Process is a process's status in the sandbox.
 type Process struct {
 	ID       string
-	State    string // ProcPending, ProcRunning, ProcExited
+	State    string // ProcPending, "running" or "exited"
 	Argv     []string
 	Cwd      string
 	PID      int

@@ -34,13 +34,11 @@ type Engine struct {
 	mu  sync.Mutex
 	sbs map[string]*sandbox.Sandbox
 	ops map[string]*sandbox.Operation
-	// Touched counts Touch calls per sandbox.
-	Touched map[string]int
 }
 
 // New returns an engine with no sandboxes.
 func New() *Engine {
-	return &Engine{sbs: map[string]*sandbox.Sandbox{}, ops: map[string]*sandbox.Operation{}, Touched: map[string]int{}}
+	return &Engine{sbs: map[string]*sandbox.Sandbox{}, ops: map[string]*sandbox.Operation{}}
 }
 
 // Add records a sandbox in state.
@@ -222,12 +220,8 @@ func (f *Engine) ExtendTimeout(ctx context.Context, id string, d time.Duration) 
 	return f.timeout(id, d)
 }
 
-// Touch counts activity.
-func (f *Engine) Touch(id string) {
-	f.mu.Lock()
-	f.Touched[id]++
-	f.mu.Unlock()
-}
+// Touch does nothing: the fake has no idle policy.
+func (f *Engine) Touch(string) {}
 
 // Agents is commands.Agents over the fake engine's records and one real
 // agent serving in this process (sandboxiotest): a running sandbox gets it,
