@@ -108,7 +108,10 @@ func serverName(b []byte) (string, error) {
 				return "", nil
 			}
 			if nameType == 0 {
-				return strings.ToLower(string(name)), nil
+				if h, ok := hostName(string(name)); ok {
+					return h, nil
+				}
+				return "", errNotTLS
 			}
 		}
 		return "", nil
@@ -153,5 +156,26 @@ func httpHost(b []byte) (string, error) {
 	if h, _, ok := strings.Cut(host, ":"); ok && !strings.HasPrefix(host, "[") {
 		host = h
 	}
-	return strings.ToLower(strings.TrimSuffix(host, ".")), nil
+	h, ok := hostName(strings.TrimSuffix(host, "."))
+	if !ok {
+		return "", errNotHTTP
+	}
+	return h, nil
+}
+
+// hostName lower-cases s when it can be a DNS name or an address literal
+// (ASCII letters, digits and "-._:[]" only); anything else is refused
+// rather than matched against a policy's names.
+func hostName(s string) (string, bool) {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case 'A' <= c && c <= 'Z':
+			b[i] = c + 'a' - 'A'
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', strings.IndexByte("-._:[]", c) >= 0:
+		default:
+			return "", false
+		}
+	}
+	return string(b), true
 }

@@ -65,6 +65,10 @@ func TestHTTPHost(t *testing.T) {
 		{"\x16\x03\x01\x02\x00\x01", "", errNeedMore},
 		{strings.Repeat("x", 40), "", errNotHTTP},
 		{"GET / SSH-2.0\r\n\r\n", "", errNotHTTP},
+		// Found by FuzzHTTPHost: lower-casing non-ASCII grew the name.
+		{"GET / HTTP/1.1\r\nHost: \xc8\xba.com\r\n\r\n", "", errNotHTTP},
+		{"GET / HTTP/1.1\r\nHost: a\x00b\r\n\r\n", "", errNotHTTP},
+		{"GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n", "[::1]:80", nil},
 	}
 	for _, c := range cases {
 		host, err := httpHost([]byte(c.in))
