@@ -59,6 +59,11 @@ type Agent struct {
 
 	mu    sync.Mutex // guards procs
 	procs map[string]*process
+
+	watches watches
+
+	cpuMu   sync.Mutex // guards cpuPrev
+	cpuPrev cpuTimes   // /proc/stat at the previous metrics call
 }
 
 // New returns an agent.

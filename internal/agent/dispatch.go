@@ -50,6 +50,18 @@ var methods = map[string]method{
 		}
 		return a.info(), nil, nil
 	}),
+	proto.MethodWatchStart: call(func(a *Agent, _ context.Context, p proto.WatchRequest, _ []byte) (any, []byte, error) {
+		return reply(a.watchStart(p))
+	}),
+	proto.MethodWatchRead: call(func(a *Agent, ctx context.Context, p proto.WatchRead, _ []byte) (any, []byte, error) {
+		return reply(a.watchRead(ctx, p))
+	}),
+	proto.MethodWatchStop: call(func(a *Agent, _ context.Context, p proto.WatchHandle, _ []byte) (any, []byte, error) {
+		return done(a.watchStop(p.ID))
+	}),
+	proto.MethodMetrics: call(func(a *Agent, _ context.Context, _ json.RawMessage, _ []byte) (any, []byte, error) {
+		return reply(a.metrics())
+	}),
 	proto.MethodSync: call(func(*Agent, context.Context, json.RawMessage, []byte) (any, []byte, error) {
 		syncFilesystems()
 		return done(nil)

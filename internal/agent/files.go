@@ -32,6 +32,8 @@ type fsys interface {
 	Readlink(name string) (string, error)
 	Chmod(name string, mode fs.FileMode) error
 	Lchown(name string, uid, gid int) error
+	// Metadata is the user-defined metadata of name (see xattr.go).
+	Metadata(name string) map[string]string
 }
 
 func newFS(root string) (fsys, error) {
@@ -57,6 +59,7 @@ func (hostFS) Rename(a, b string) error                                  { retur
 func (hostFS) Readlink(n string) (string, error)                         { return os.Readlink(n) }
 func (hostFS) Chmod(n string, m fs.FileMode) error                       { return os.Chmod(n, m) }
 func (hostFS) Lchown(n string, u, g int) error                           { return os.Lchown(n, u, g) }
+func (hostFS) Metadata(n string) map[string]string                       { return readMetadata(n) }
 
 type rootFS struct{ r *os.Root }
 
@@ -71,6 +74,7 @@ func (f rootFS) OpenFile(n string, fl int, p fs.FileMode) (*os.File, error) {
 	return f.r.OpenFile(rel(n), fl, p)
 }
 func (f rootFS) Stat(n string) (fs.FileInfo, error)     { return f.r.Stat(rel(n)) }
+func (f rootFS) Metadata(n string) map[string]string    { return rootMetadata(f.r, rel(n)) }
 func (f rootFS) Lstat(n string) (fs.FileInfo, error)    { return f.r.Lstat(rel(n)) }
 func (f rootFS) MkdirAll(n string, p fs.FileMode) error { return f.r.MkdirAll(rel(n), p) }
 func (f rootFS) Remove(n string) error                  { return f.r.Remove(rel(n)) }
@@ -146,8 +150,10 @@ func (a *Agent) entry(p string, fi fs.FileInfo) proto.Entry {
 	switch {
 	case fi.Mode().IsRegular():
 		e.Type = "file"
+		e.Metadata = f.Metadata(p)
 	case fi.IsDir():
 		e.Type = "dir"
+		e.Metadata = f.Metadata(p)
 	case fi.Mode()&fs.ModeSymlink != 0:
 		e.Type = "symlink"
 		e.Target, _ = f.Readlink(p)
@@ -227,6 +233,7 @@ type pendingWrite struct {
 	f       *os.File
 	mode    fs.FileMode
 	owner   *account // nil: the agent's user
+	meta    map[string]string
 	written int64
 	touched time.Time
 }
@@ -429,6 +436,9 @@ func (a *Agent) writeBegin(p proto.WriteBegin) (proto.WriteHandle, error) {
 	if fi, err := a.fs.Stat(name); err == nil && fi.IsDir() {
 		return proto.WriteHandle{}, proto.Errorf(proto.CodeFailedPrecondition, "write %s: is a directory", name)
 	}
+	if err := proto.ValidateMetadata(p.Metadata); err != nil {
+		return proto.WriteHandle{}, err
+	}
 	var owner *account
 	if p.User != "" {
 		u, err := a.lookupUser(p.User)
@@ -448,7 +458,7 @@ func (a *Agent) writeBegin(p proto.WriteBegin) (proto.WriteHandle, error) {
 	}
 	h := randomSuffix()
 	a.writes.mu.Lock()
-	a.writes.m[h] = &pendingWrite{dst: name, tmp: tmp, f: f, mode: mode, owner: owner, touched: time.Now()}
+	a.writes.m[h] = &pendingWrite{dst: name, tmp: tmp, f: f, mode: mode, owner: owner, meta: p.Metadata, touched: time.Now()}
 	a.writes.mu.Unlock()
 	a.expireWrites()
 	return proto.WriteHandle{Handle: h}, nil
@@ -502,6 +512,14 @@ func (a *Agent) writeCommit(h string) (proto.Entry, error) {
 	if err := w.f.Chmod(w.mode); err != nil {
 		w.f.Close()
 		a.fs.Remove(w.tmp)
+		return proto.Entry{}, fileError("write", w.dst, err)
+	}
+	if err := writeMetadata(w.f, w.meta); err != nil {
+		w.f.Close()
+		a.fs.Remove(w.tmp)
+		if errors.Is(err, errNoXattrs) {
+			return proto.Entry{}, proto.Errorf(proto.CodeFailedPrecondition, "write %s: %v", w.dst, err)
+		}
 		return proto.Entry{}, fileError("write", w.dst, err)
 	}
 	if err := w.f.Sync(); err != nil {

@@ -493,3 +493,28 @@ func (f *FileReader) Read(p []byte) (int, error) {
 	f.sent += int64(n)
 	return n, nil
 }
+
+// Metrics reads the sandbox's use of CPU, memory and disk.
+func (c *Client) Metrics(ctx context.Context) (proto.Metrics, error) {
+	m, _, err := call[proto.Metrics](ctx, c, proto.MethodMetrics, proto.Empty{}, nil)
+	return m, err
+}
+
+// WatchStart watches a directory for changes.
+func (c *Client) WatchStart(ctx context.Context, req proto.WatchRequest) (proto.WatchHandle, error) {
+	h, _, err := call[proto.WatchHandle](ctx, c, proto.MethodWatchStart, req, nil)
+	return h, err
+}
+
+// WatchRead reads a watch's events after a sequence number, waiting up to
+// req.Wait for one.
+func (c *Client) WatchRead(ctx context.Context, req proto.WatchRead) (proto.WatchEvents, error) {
+	e, _, err := call[proto.WatchEvents](ctx, c, proto.MethodWatchRead, req, nil)
+	return e, err
+}
+
+// WatchStop ends a watch.
+func (c *Client) WatchStop(ctx context.Context, id string) error {
+	_, _, err := c.Call(ctx, proto.MethodWatchStop, proto.WatchHandle{ID: id}, nil)
+	return err
+}

@@ -34,6 +34,9 @@ type Entry struct {
 	GID        int    `json:"gid"`
 	Owner      string `json:"owner,omitempty"` // user name of UID in the sandbox
 	Group      string `json:"group,omitempty"` // group name of GID in the sandbox
+	// Metadata is the user-defined metadata of a file or directory: its
+	// extended attributes user.e2b.<key>, as E2B's envd keeps them.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // Listing is a directory's entries to some depth.
@@ -111,6 +114,9 @@ type Write struct {
 	// User owns the file and the directories the write makes (name or
 	// uid; "" is the agent's user, root).
 	User string
+	// Metadata replaces the file's user-defined metadata (printable ASCII
+	// keys and values; a bad one is InvalidArgument).
+	Metadata map[string]string
 }
 
 // source remembers why reading the data failed.
@@ -132,7 +138,7 @@ func (s *source) Read(p []byte) (int, error) {
 // is InvalidArgument with data's error in its chain.
 func (a *Agent) WriteFile(ctx context.Context, w Write, data io.Reader) (Entry, error) {
 	src := &source{r: data}
-	e, err := a.c.WriteFileAs(ctx, proto.WriteBegin{Path: w.Path, Mode: w.Mode, User: w.User}, src, chunk)
+	e, err := a.c.WriteFileAs(ctx, proto.WriteBegin{Path: w.Path, Mode: w.Mode, User: w.User, Metadata: w.Metadata}, src, chunk)
 	if err != nil {
 		var pe *proto.Error
 		if src.err != nil && !errors.As(err, &pe) && !errors.Is(err, agentclient.ErrClosed) {

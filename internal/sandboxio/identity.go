@@ -34,3 +34,22 @@ func (a *Agent) Configure(ctx context.Context, id Identity) error {
 func (a *Agent) Sync(ctx context.Context) error {
 	return fail("sync", a.c.Sync(ctx))
 }
+
+// Metrics is a sandbox's use of CPU, memory and disk as the sandbox itself
+// accounts it (what E2B's envd reports); memory and disk in bytes.
+type Metrics struct {
+	CPUCount   int     `json:"cpu_count"`
+	CPUUsedPct float64 `json:"cpu_used_pct"` // busy share of all CPUs since the previous sample, 0–100
+	MemTotal   uint64  `json:"mem_total"`
+	MemUsed    uint64  `json:"mem_used"`
+	MemCache   uint64  `json:"mem_cache"`
+	DiskTotal  uint64  `json:"disk_total"`
+	DiskUsed   uint64  `json:"disk_used"`
+}
+
+// Metrics samples the sandbox's use of CPU, memory and disk. The CPU share
+// is since the previous call by anyone: one sampler should call it.
+func (a *Agent) Metrics(ctx context.Context) (Metrics, error) {
+	m, err := a.c.Metrics(ctx)
+	return Metrics(m), fail("read metrics", err)
+}

@@ -7,6 +7,7 @@ const (
 	MethodInfo       = "agent.info"      // → Info
 	MethodConfigure  = "agent.configure" // Configure (+ blob: entropy) → Info
 	MethodSync       = "agent.sync"      // flush filesystems → {}
+	MethodMetrics    = "agent.metrics"   // {} → Metrics
 	MethodProcCreate = "process.create"  // ProcessSpec → Process (state pending)
 	MethodProcStart  = "process.start"   // ProcessRef → Process
 	MethodProcGet    = "process.get"     // ProcessRef → Process
@@ -28,7 +29,57 @@ const (
 	MethodFileRemove      = "file.remove"       // RemoveRequest → {}
 	MethodFileMkdir       = "file.mkdir"        // MkdirRequest → Entry
 	MethodFileMove        = "file.move"         // MoveRequest → Entry
+
+	MethodWatchStart = "watch.start" // WatchRequest → WatchHandle
+	MethodWatchRead  = "watch.read"  // WatchRead → WatchEvents
+	MethodWatchStop  = "watch.stop"  // WatchHandle → {}
 )
+
+// WatchRequest watches a directory (with Recursive, its whole tree) for
+// changes; the agent keeps the events until they are read (see WatchRead).
+type WatchRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+}
+
+// WatchHandle names a watch.
+type WatchHandle struct {
+	ID string `json:"id"`
+}
+
+// WatchRead reads a watch's events after the sequence number After,
+// waiting up to Wait for one when none is there.
+type WatchRead struct {
+	ID    string        `json:"id"`
+	After uint64        `json:"after"`
+	Wait  time.Duration `json:"wait,omitempty"`
+}
+
+// Operations of a watch event.
+const (
+	WatchCreate = "create"
+	WatchWrite  = "write"
+	WatchRemove = "remove"
+	WatchRename = "rename" // moved away (its new name, if watched, is a create)
+	WatchChmod  = "chmod"  // permissions, owner or other attributes
+)
+
+// WatchEvent is one change, Name relative to the watched directory.
+type WatchEvent struct {
+	Seq  uint64 `json:"seq"`
+	Name string `json:"name"`
+	Op   string `json:"op"`
+	Dir  bool   `json:"dir,omitempty"`
+}
+
+// WatchEvents is what a read returns. Lost says events after After were
+// dropped (the agent's buffer or the kernel's queue overflowed); Closed that
+// the watched directory is gone and no more events will come.
+type WatchEvents struct {
+	Events []WatchEvent `json:"events"`
+	Lost   bool         `json:"lost,omitempty"`
+	Closed bool         `json:"closed,omitempty"`
+}
 
 // Info describes the agent and its sandbox.
 type Info struct {
@@ -39,6 +90,21 @@ type Info struct {
 	Init     bool      `json:"init"` // running as PID 1
 	Now      time.Time `json:"now"`
 	BootID   string    `json:"boot_id,omitempty"`
+}
+
+// Metrics is the sandbox's use of CPU, memory and disk as it sees them
+// (what E2B's envd reports): memory and disk in bytes, of the root file
+// system for disk.
+type Metrics struct {
+	CPUCount int `json:"cpu_count"`
+	// CPUUsedPct is the busy share of all CPUs since the previous call (since
+	// boot on the first), 0–100.
+	CPUUsedPct float64 `json:"cpu_used_pct"`
+	MemTotal   uint64  `json:"mem_total"`
+	MemUsed    uint64  `json:"mem_used"` // total - free - buffers - page cache
+	MemCache   uint64  `json:"mem_cache"`
+	DiskTotal  uint64  `json:"disk_total"`
+	DiskUsed   uint64  `json:"disk_used"`
 }
 
 // Configure sets the sandbox's identity after create, wake or fork. Zero
@@ -210,6 +276,9 @@ type Entry struct {
 	GID        int    `json:"gid"`
 	Owner      string `json:"owner,omitempty"` // user name of UID in the sandbox
 	Group      string `json:"group,omitempty"` // group name of GID in the sandbox
+	// Metadata is a file's or directory's user-defined metadata (see
+	// WriteBegin.Metadata); values that are not UTF-8 are left out.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // EntryList lists entries.
@@ -250,6 +319,50 @@ type WriteBegin struct {
 	// User owns the file and the directories the write creates (name or
 	// uid; "" leaves them to the agent's user).
 	User string `json:"user,omitempty"`
+	// Metadata becomes the file's user-defined metadata: one extended
+	// attribute user.e2b.<key> each (E2B's envd keeps it the same way).
+	// Keys and values are printable ASCII; see MaxMetadata*.
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// Limits of a file's metadata: a key is at most what an xattr name may hold
+// after the prefix, and all of a file's metadata (names with their prefix,
+// and values) fits the block ext4 keeps an inode's attributes in.
+const (
+	MetadataPrefix      = "user.e2b."
+	MaxMetadataKeyLen   = 255 - len(MetadataPrefix)
+	MaxMetadataTotalLen = 4096
+)
+
+// ValidateMetadata says why m cannot be a file's metadata, or nil.
+func ValidateMetadata(m map[string]string) error {
+	total := 0
+	for k, v := range m {
+		switch {
+		case k == "":
+			return Errorf(CodeInvalidArgument, "a metadata key is empty")
+		case len(k) > MaxMetadataKeyLen:
+			return Errorf(CodeInvalidArgument, "metadata key %.40q… is longer than %d bytes", k, MaxMetadataKeyLen)
+		case !printable(k):
+			return Errorf(CodeInvalidArgument, "metadata key %q is not printable ASCII", k)
+		case !printable(v):
+			return Errorf(CodeInvalidArgument, "the value of metadata key %q is not printable ASCII", k)
+		}
+		total += len(MetadataPrefix) + len(k) + len(v)
+	}
+	if total > MaxMetadataTotalLen {
+		return Errorf(CodeInvalidArgument, "metadata takes %d bytes, more than %d", total, MaxMetadataTotalLen)
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	for i := range len(s) {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // WriteHandle names a write in progress.
