@@ -70,6 +70,11 @@ func TestControlPlaneHandlers(t *testing.T) {
 		{name: "network: unknown field", method: "PUT", path: "/v1/sandboxes/{R}/network", body: `{"firewall":1}`, status: 400, code: "invalid_argument"},
 		{name: "network: not found", method: "PUT", path: "/v1/sandboxes/{U}/network", body: `{}`, status: 404, code: "not_found"},
 		{name: "network", method: "PUT", path: "/v1/sandboxes/{R}/network", body: `{}`, status: 200},
+		{name: "metrics: malformed id", method: "GET", path: "/v1/sandboxes/nope/metrics", status: 400, code: "invalid_argument"},
+		{name: "metrics: unknown parameter", method: "GET", path: "/v1/sandboxes/{R}/metrics?from=1", status: 400, code: "invalid_argument"},
+		{name: "metrics: malformed start", method: "GET", path: "/v1/sandboxes/{R}/metrics?start=yesterday", status: 400, code: "invalid_argument"},
+		{name: "metrics: not found", method: "GET", path: "/v1/sandboxes/{U}/metrics", status: 404, code: "not_found"},
+		{name: "metrics", method: "GET", path: "/v1/sandboxes/{R}/metrics?start=2026-01-01T00:00:00Z", status: 200},
 
 		{name: "command: malformed id", method: "POST", path: "/v1/sandboxes/x/commands", body: `{"command":["true"]}`, status: 400, code: "invalid_argument"},
 		{name: "command: empty", method: "POST", path: "/v1/sandboxes/{R}/commands", body: `{"command":[]}`, status: 400, code: "invalid_argument"},

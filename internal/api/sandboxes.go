@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -12,6 +13,7 @@ import (
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/usage"
 )
 
 // createResponse is the body of 202 to POST /v1/sandboxes.
@@ -260,4 +262,33 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request, p params
 		return err
 	}
 	return edge.JSON(w, http.StatusOK, toList(page))
+}
+
+// getMetrics is a sandbox's sampled use of CPU, memory and disk, oldest
+// first, optionally between start and end (RFC 3339).
+func (s *Server) getMetrics(w http.ResponseWriter, r *http.Request, p params) error {
+	id, err := sandboxID(p)
+	if err != nil {
+		return err
+	}
+	q, err := query(r, "start", "end")
+	if err != nil {
+		return err
+	}
+	var bounds [2]time.Time
+	for i, k := range []string{"start", "end"} {
+		if v := q.Get(k); v != "" {
+			if bounds[i], err = time.Parse(time.RFC3339, v); err != nil {
+				return errdefs.New(errdefs.InvalidArgument, "%s must be an RFC 3339 time", k).WithDetails(map[string]any{"field": k})
+			}
+		}
+	}
+	if _, err := s.engine.Get(r.Context(), id); err != nil {
+		return err
+	}
+	items := []usage.Sample{}
+	if s.usage != nil {
+		items = s.usage.Series(id, bounds[0], bounds[1])
+	}
+	return edge.JSON(w, http.StatusOK, map[string]any{"items": items})
 }

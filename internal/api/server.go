@@ -22,6 +22,7 @@ import (
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/templates"
+	"github.com/spacesandbox/space/internal/usage"
 )
 
 // Config wires a Server.
@@ -40,6 +41,14 @@ type Config struct {
 	Builder TemplateBuilder
 	// DataDir, when set, must take writes for /readyz to say ready.
 	DataDir string
+	// Usage holds the sandboxes' sampled CPU, memory and disk use (nil:
+	// the metrics route answers an empty series).
+	Usage Usage
+}
+
+// Usage is the sandboxes' sampled use of CPU, memory and disk.
+type Usage interface {
+	Series(sandboxID string, from, to time.Time) []usage.Sample
 }
 
 // Engine is what the control plane asks of the lifecycle engine.
@@ -91,12 +100,13 @@ type Server struct {
 	templates TemplateLister
 	builder   TemplateBuilder
 	dataDir   string
+	usage     Usage
 }
 
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
-		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir}
+		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage}
 	s.router = newRouter(s.Routes())
 	s.edge = &edge.Edge{Listener: "api", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}
 	return s
@@ -118,6 +128,7 @@ func (s *Server) Routes() []Route {
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Handler: s.lifecycleHandler(sandbox.OpWake)},
 		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/network", Auth: true, Handler: s.putNetwork},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/metrics", Auth: true, Handler: s.getMetrics},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Handler: s.createCommand},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Handler: s.listProcesses},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes/{process_id}", Auth: true, Handler: s.getProcess},

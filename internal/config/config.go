@@ -65,6 +65,9 @@ type Serve struct {
 	IdleTimeout        time.Duration
 	IdleAction         string
 	SuspendPausedAfter time.Duration
+	// MetricsInterval is how often each running sandbox's CPU, memory and
+	// disk use is sampled (0: never).
+	MetricsInterval time.Duration
 	// SandboxNetwork is the sandboxes' address range ("off": sandboxes
 	// get no network at all).
 	SandboxNetwork string
@@ -134,6 +137,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	dur(&s.IdleTimeout, "idle-timeout", 10*time.Minute, "default idle timeout of sandboxes that name none")
 	str(&s.IdleAction, "idle-action", "none", "default idle action: none, pause or suspend")
 	dur(&s.SuspendPausedAfter, "suspend-paused-after", 0, "suspend sandboxes paused longer than this (0: never)")
+	dur(&s.MetricsInterval, "metrics-interval", 5*time.Second, "how often each running sandbox's CPU, memory and disk use is sampled for its metrics (0: never)")
 	dur(&s.AttachTokenTTL, "attach-token-ttl", 24*time.Hour, "how long a command session's attachment token is valid")
 	str(&s.SandboxNetwork, "sandbox-network", "10.209.0.0/16", "sandboxes' address range (a /30 each), or \"off\" for sandboxes without any network")
 	str(&s.EgressUplink, "egress-uplink", "", "link sandbox traffic leaves by (default: the host's default route's)")
@@ -246,6 +250,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.IdleTimeout < time.Second || s.SuspendPausedAfter < 0 {
 		errs = append(errs, errors.New("--idle-timeout must be at least 1s and --suspend-paused-after not negative"))
+	}
+	if s.MetricsInterval != 0 && s.MetricsInterval < 500*time.Millisecond {
+		errs = append(errs, errors.New("--metrics-interval must be 0 (off) or at least 500ms"))
 	}
 	if s.AttachTokenTTL < time.Second {
 		errs = append(errs, errors.New("--attach-token-ttl must be at least 1s"))

@@ -12,8 +12,19 @@ import (
 	"github.com/spacesandbox/space/internal/sandboxio"
 )
 
-// Agent returns the agent of a running sandbox (commands.Agents).
+// Agent returns the agent of a running sandbox (commands.Agents); the
+// work it is fetched for keeps the sandbox awake.
 func (e *Engine) Agent(ctx context.Context, id string) (*sandboxio.Agent, *sandbox.Sandbox, error) {
+	return e.agent(ctx, id, true)
+}
+
+// PeekAgent returns the agent of a running sandbox without counting as
+// activity: for the usage sampler, which must not keep sandboxes awake.
+func (e *Engine) PeekAgent(ctx context.Context, id string) (*sandboxio.Agent, *sandbox.Sandbox, error) {
+	return e.agent(ctx, id, false)
+}
+
+func (e *Engine) agent(ctx context.Context, id string, touch bool) (*sandboxio.Agent, *sandbox.Sandbox, error) {
 	sb, err := e.store.GetSandbox(ctx, id)
 	if err != nil {
 		return nil, nil, err
@@ -26,7 +37,9 @@ func (e *Engine) Agent(ctx context.Context, id string) (*sandboxio.Agent, *sandb
 	if !ok {
 		return nil, nil, errdefs.New(errdefs.Unavailable, "runtime %q of sandbox %s is not available on this server", sb.Runtime, id)
 	}
-	e.Touch(id) // work on a sandbox keeps it awake (see idle.go)
+	if touch {
+		e.Touch(id) // work on a sandbox keeps it awake (see idle.go)
+	}
 	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	c, err := rt.Agent(actx, e.spec(sb))

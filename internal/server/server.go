@@ -33,6 +33,7 @@ import (
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store/sqlite"
 	"github.com/spacesandbox/space/internal/templates"
+	"github.com/spacesandbox/space/internal/usage"
 )
 
 // Host is what this host offers the engine: the runtimes that work here and
@@ -182,7 +183,17 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		dataURL = scheme + "://" + dataLn.Addr().String()
 	}
 	cmds := commands.New(commands.Config{Agents: eng, Signer: signer, DataPlaneURL: dataURL, TokenTTL: cfg.AttachTokenTTL, Logger: log})
-	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID, DataDir: cfg.DataDir}
+	sampler := usage.New(usage.Config{Sandboxes: eng, Agents: eng, Logger: log, Every: cfg.MetricsInterval})
+	m.Register(sampler.Collectors()...)
+	if cfg.MetricsInterval > 0 {
+		var samplerWG sync.WaitGroup
+		samplerCtx, stopSampler := context.WithCancel(ctx)
+		samplerWG.Add(1)
+		go func() { defer samplerWG.Done(); sampler.Run(samplerCtx) }()
+		defer samplerWG.Wait()
+		defer stopSampler()
+	}
+	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID, DataDir: cfg.DataDir, Usage: sampler}
 	if h.TemplateStore != nil {
 		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}
@@ -213,7 +224,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 			return fmt.Errorf("listen on %s (--ecw-addr; empty turns the E2B layer off): %w", cfg.ECWAddr, err)
 		}
 		ecwAddr = ln.Addr().String()
-		ecfg := ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log, Ingress: ing, Domain: cfg.SandboxDomain}
+		ecfg := ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log, Ingress: ing, Domain: cfg.SandboxDomain, Usage: sampler}
 		if ecfg.Domain == "" {
 			_, port, _ := net.SplitHostPort(ecwAddr)
 			ecfg.Domain = "localhost:" + port

@@ -242,6 +242,11 @@ func (a *Agents) Agent(ctx context.Context, id string) (*sandboxio.Agent, *sandb
 	return a.IO.Agent, sb, nil
 }
 
+// PeekAgent is Agent (the fake keeps no idle clock).
+func (a *Agents) PeekAgent(ctx context.Context, id string) (*sandboxio.Agent, *sandbox.Sandbox, error) {
+	return a.Agent(ctx, id)
+}
+
 // Attached does nothing.
 func (a *Agents) Attached(string) func() { return func() {} }
 
