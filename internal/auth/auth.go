@@ -40,8 +40,14 @@ type Tokens struct {
 	// the store again (so a revoke takes effect within it).
 	cacheTTL time.Duration
 
-	mu    sync.Mutex // guards cache
-	cache map[string]cached
+	mu     sync.Mutex // guards cache, active
+	cache  map[string]cached
+	active cachedIDs
+}
+
+type cachedIDs struct {
+	ids   []string
+	until time.Time
 }
 
 type cached struct {
@@ -139,6 +145,7 @@ func (t *Tokens) Revoke(ctx context.Context, id string) error {
 	}
 	t.mu.Lock()
 	clear(t.cache)
+	t.active = cachedIDs{}
 	t.mu.Unlock()
 	return nil
 }
@@ -178,6 +185,33 @@ func (t *Tokens) Active(ctx context.Context, id string) error {
 }
 
 type tokenIDKey struct{}
+
+// ActiveIDs lists the ids of the tokens not revoked, read from the store
+// at most once per cacheTTL (so a revoke takes effect within it) unless
+// fresh asks to read it now (a token made by another process since).
+func (t *Tokens) ActiveIDs(ctx context.Context, fresh bool) ([]string, error) {
+	now := t.now()
+	t.mu.Lock()
+	a := t.active
+	t.mu.Unlock()
+	if !fresh && now.Before(a.until) {
+		return a.ids, nil
+	}
+	all, err := t.store.ListTokens(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	ids := make([]string, 0, len(all))
+	for _, tok := range all {
+		if tok.RevokedAt == nil {
+			ids = append(ids, tok.ID)
+		}
+	}
+	t.mu.Lock()
+	t.active = cachedIDs{ids: ids, until: now.Add(t.cacheTTL)}
+	t.mu.Unlock()
+	return ids, nil
+}
 
 // WithTokenID records the id of the API token a request authenticated with.
 func WithTokenID(ctx context.Context, id string) context.Context {

@@ -472,12 +472,47 @@ func (s *Server) changeTimeout(w http.ResponseWriter, r *http.Request, field str
 	return nil
 }
 
-// metrics: SPACE keeps no per-sandbox resource series; the list is empty.
+// sandboxMetric is one of E2B's metrics samples.
+type sandboxMetric struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       uint64    `json:"memUsed"`
+	MemTotal      uint64    `json:"memTotal"`
+	MemCache      uint64    `json:"memCache"`
+	DiskUsed      uint64    `json:"diskUsed"`
+	DiskTotal     uint64    `json:"diskTotal"`
+}
+
+// metrics is a sandbox's sampled CPU, memory and disk use, oldest first,
+// between ?start= and ?end= (Unix seconds) when given.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) error {
-	if _, err := s.sandbox(r); err != nil {
+	var bounds [2]time.Time
+	for i, k := range []string{"start", "end"} {
+		if v := r.URL.Query().Get(k); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return errdefs.New(errdefs.InvalidArgument, "%s must be a Unix time in seconds", k)
+			}
+			bounds[i] = time.Unix(n, 0)
+		}
+	}
+	if !bounds[1].IsZero() {
+		bounds[1] = bounds[1].Add(time.Second - 1) // the whole second
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
 		return err
 	}
-	return edge.JSON(w, http.StatusOK, []any{})
+	out := []sandboxMetric{}
+	if s.cfg.Usage != nil {
+		for _, x := range s.cfg.Usage.Series(sb.ID, bounds[0], bounds[1]) {
+			out = append(out, sandboxMetric{Timestamp: x.At, TimestampUnix: x.At.Unix(), CPUCount: x.CPUCount, CPUUsedPct: x.CPUUsedPct,
+				MemUsed: x.MemUsed, MemTotal: x.MemTotal, MemCache: x.MemCache, DiskUsed: x.DiskUsed, DiskTotal: x.DiskTotal})
+		}
+	}
+	return edge.JSON(w, http.StatusOK, out)
 }
 
 // listQuery is a parsed list request.

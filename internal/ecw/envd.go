@@ -78,9 +78,10 @@ func sandboxFrom(ctx context.Context) *sandboxCtx {
 }
 
 // gone is how E2B's edge answers for a sandbox that is not running (or does
-// not exist): 502, which the SDKs report as a sandbox timeout.
+// not exist): 502 with its "sandbox not found" body, which the SDKs report
+// as a sandbox timeout (render adds the sandboxId).
 func gone(id string) error {
-	return errdefs.New(kindGone, "sandbox %s is not running: it was paused, killed or timed out", id)
+	return errdefs.New(kindGone, "The sandbox was not found").WithDetails(map[string]any{"sandboxId": id})
 }
 
 // The kinds only envd answers with.
@@ -100,7 +101,18 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 			return errdefs.New(kindPortClosed, "port %s is not open: SPACE sandboxes serve only envd (port %s)", t.port, EnvdPort)
 		}
 		if needToken {
-			tokenID, err := s.cfg.Commands.Signer().VerifySandboxAccess(r.Header.Get("X-Access-Token"), t.sandboxID)
+			var tokenID string
+			var err error
+			f, signed, serr := signedRequest(r)
+			switch {
+			case r.URL.Path == "/files" && r.Header.Get("X-Access-Token") == "" && (signed || serr != nil):
+				// As envd: a token in the header wins over a signature.
+				if err = serr; err == nil {
+					tokenID, err = s.signedBy(r.Context(), f, t.sandboxID)
+				}
+			default:
+				tokenID, err = s.cfg.Commands.Signer().VerifySandboxAccess(r.Header.Get("X-Access-Token"), t.sandboxID)
+			}
 			if err == nil {
 				// It ends with the API token it was issued to.
 				err = s.cfg.Tokens.Active(r.Context(), tokenID)
@@ -196,9 +208,12 @@ func fileError(err error) error {
 	return err
 }
 
+// fileParams are the query parameters of GET and POST /files.
+var fileParams = map[string]bool{"path": true, "username": true, "signature": true, "signature_expiration": true}
+
 func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) error {
 	for k := range r.URL.Query() {
-		if k != "path" && k != "username" {
+		if !fileParams[k] {
 			return errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k)
 		}
 	}
@@ -228,14 +243,35 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sc *sandboxCtx
 
 // entryInfo is envd's answer to an upload: one per written file.
 type entryInfo struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// metadataHeader prefixes the request headers an upload's metadata travels
+// in, as envd reads them: X-Metadata-<key>: <value>, keys lower-cased, the
+// first value of a repeated header.
+const metadataHeader = "X-Metadata-"
+
+func uploadMetadata(h http.Header) map[string]string {
+	var m map[string]string
+	for name, v := range h {
+		key, ok := strings.CutPrefix(name, metadataHeader)
+		if !ok || key == "" || len(v) == 0 {
+			continue
+		}
+		if m == nil {
+			m = map[string]string{}
+		}
+		m[strings.ToLower(key)] = v[0]
+	}
+	return m
 }
 
 func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) error {
 	for k := range r.URL.Query() {
-		if k != "path" && k != "username" {
+		if !fileParams[k] {
 			return errdefs.New(errdefs.InvalidArgument, "unknown query parameter %q", k)
 		}
 	}
@@ -253,6 +289,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) 
 		return errdefs.New(errdefs.InvalidArgument, "Content-Encoding %q is not supported (gzip is)", enc)
 	}
 	query := r.URL.Query().Get("path")
+	meta := uploadMetadata(r.Header)
 	write := func(dest string, data io.Reader) (entryInfo, error) {
 		if dest == "" {
 			return entryInfo{}, errdefs.New(errdefs.InvalidArgument, "no destination: give ?path= or a file name")
@@ -261,14 +298,15 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sc *sandboxCtx) 
 		if err != nil {
 			return entryInfo{}, err
 		}
-		if _, err := sc.agent.WriteFile(ctx, sandboxio.Write{Path: name, Mode: 0o644, User: sc.user}, data); err != nil {
+		e, err := sc.agent.WriteFile(ctx, sandboxio.Write{Path: name, Mode: 0o644, User: sc.user, Metadata: meta}, data)
+		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) || errors.Is(err, errTooLarge) {
 				return entryInfo{}, errdefs.New(errdefs.TooLarge, "file exceeds %d bytes", MaxFileSize)
 			}
 			return entryInfo{}, fileError(err)
 		}
-		return entryInfo{Name: path.Base(name), Type: "file", Path: name}, nil
+		return entryInfo{Name: path.Base(name), Type: "file", Path: name, Metadata: e.Metadata}, nil
 	}
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil {

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
+	"path"
 	"strconv"
 	"sync"
 	"time"
@@ -39,7 +41,7 @@ func toEntry(e sandboxio.Entry) *pb.EntryInfo {
 	perm, _ := strconv.ParseUint(e.Mode, 8, 32)
 	mode := fs.FileMode(perm)
 	out := &pb.EntryInfo{Name: e.Name, Path: e.Path, Size: e.Size, Owner: e.Owner, Group: e.Group, ModifiedTime: timestamppb.New(e.ModTime),
-		Mode: uint32(perm)}
+		Mode: uint32(perm), Metadata: e.Metadata}
 	switch e.Type {
 	case "file":
 		out.Type = pb.FileType_FILE_TYPE_FILE
@@ -161,68 +163,47 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[pb.
 	return connect.NewResponse(&pb.RemoveResponse{}), nil
 }
 
-// Watching. SPACE's agent has no inotify channel; a watcher polls the
-// directory every pollEvery and reports what changed between two looks:
-// created, removed, written (size or time changed) and chmod (mode changed).
-// Changes that undo themselves within one interval are not seen.
+// Watching. The agent watches with inotify inside the sandbox and keeps
+// numbered events; WatchDir streams them as they come (a long poll each
+// round), and the CreateWatcher family keeps the last number read, so no
+// event is lost or repeated between two GetWatcherEvents calls.
 
-const pollEvery = 200 * time.Millisecond
+// watchWait is how long one read of a watch's events waits for one.
+const watchWait = 10 * time.Second
 
-// maxWatcherEvents bounds the events a watcher holds for GetWatcherEvents.
-const maxWatcherEvents = 10000
-
-// watcherIdle removes a watcher nobody asked for events this long.
+// watcherIdle removes a watcher nobody asked for events this long (the
+// agent drops its side after the same time).
 const watcherIdle = 10 * time.Minute
 
-type snapshot map[string]sandboxio.Entry
-
-func look(ctx context.Context, ag *sandboxio.Agent, dir string, recursive bool) (snapshot, error) {
-	depth := 1
-	if recursive {
-		depth = 16
-	}
-	l, err := ag.List(ctx, dir, depth)
-	if err != nil {
-		return nil, err
-	}
-	s := make(snapshot, len(l.Items))
-	for _, e := range l.Items {
-		s[e.Path] = e
-	}
-	return s, nil
+var watchOps = map[string]pb.EventType{
+	"create": pb.EventType_EVENT_TYPE_CREATE,
+	"write":  pb.EventType_EVENT_TYPE_WRITE,
+	"remove": pb.EventType_EVENT_TYPE_REMOVE,
+	"rename": pb.EventType_EVENT_TYPE_RENAME,
+	"chmod":  pb.EventType_EVENT_TYPE_CHMOD,
 }
 
-// diff lists the events between two looks, names relative to dir.
-func diff(dir string, before, after snapshot, withEntry bool) []*pb.FilesystemEvent {
-	var out []*pb.FilesystemEvent
-	ev := func(e sandboxio.Entry, t pb.EventType) {
-		name := e.Path[len(dir):]
-		if len(name) > 0 && name[0] == '/' {
-			name = name[1:]
-		}
-		fe := &pb.FilesystemEvent{Name: name, Type: t}
-		if withEntry && t != pb.EventType_EVENT_TYPE_REMOVE {
-			fe.Entry = toEntry(e)
+// toEvents makes envd's events of a batch, with each entry when asked (a
+// removed or renamed path has none; one gone meanwhile neither).
+func toEvents(ctx context.Context, ag *sandboxio.Agent, dir string, b sandboxio.WatchBatch, withEntry bool) []*pb.FilesystemEvent {
+	out := make([]*pb.FilesystemEvent, 0, len(b.Events))
+	for _, e := range b.Events {
+		fe := &pb.FilesystemEvent{Name: e.Name, Type: watchOps[e.Op]}
+		if withEntry && e.Op != "remove" && e.Op != "rename" {
+			if en, err := ag.Stat(ctx, path.Join(dir, e.Name)); err == nil {
+				fe.Entry = toEntry(en)
+			}
 		}
 		out = append(out, fe)
 	}
-	for p, a := range after {
-		b, ok := before[p]
-		switch {
-		case !ok:
-			ev(a, pb.EventType_EVENT_TYPE_CREATE)
-		case a.Size != b.Size || !a.ModTime.Equal(b.ModTime):
-			ev(a, pb.EventType_EVENT_TYPE_WRITE)
-		case a.Mode != b.Mode:
-			ev(a, pb.EventType_EVENT_TYPE_CHMOD)
-		}
-	}
-	for p, b := range before {
-		if _, ok := after[p]; !ok {
-			ev(b, pb.EventType_EVENT_TYPE_REMOVE)
-		}
-	}
 	return out
+}
+
+// unwatch ends an agent's watch after its request is gone.
+func unwatch(ag *sandboxio.Agent, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ag.Unwatch(ctx, id)
 }
 
 // WatchDir streams a directory's changes until the client goes away.
@@ -231,34 +212,35 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[p
 	if err != nil {
 		return err
 	}
-	prev, err := look(ctx, sc.agent, name, req.Msg.GetRecursive())
+	id, err := sc.agent.Watch(ctx, name, req.Msg.GetRecursive())
 	if err != nil {
 		return err
 	}
+	defer unwatch(sc.agent, id)
 	if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Start{Start: &pb.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	t := time.NewTicker(pollEvery)
-	defer t.Stop()
+	var after uint64
 	quiet := time.Now()
 	for {
-		select {
-		case <-ctx.Done():
+		b, err := sc.agent.WatchEvents(ctx, id, after, min(watchWait, f.s.cfg.Keepalive))
+		if ctx.Err() != nil {
 			return nil
-		case <-t.C:
 		}
-		cur, err := look(ctx, sc.agent, name, req.Msg.GetRecursive())
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return connect.NewError(connect.CodeUnavailable, errors.New("the watched directory is gone or the sandbox stopped running"))
+			return connect.NewError(connect.CodeUnavailable, errors.New("the sandbox stopped running"))
 		}
-		for _, e := range diff(name, prev, cur, req.Msg.GetIncludeEntry()) {
+		for _, e := range toEvents(ctx, sc.agent, name, b, req.Msg.GetIncludeEntry()) {
 			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: e}}); err != nil {
 				return err
 			}
 			quiet = time.Now()
+		}
+		if n := len(b.Events); n > 0 {
+			after = b.Events[n-1].Seq
+		}
+		if b.Closed {
+			return connect.NewError(connect.CodeNotFound, fmt.Errorf("the watched directory %s was removed", name))
 		}
 		if time.Since(quiet) >= f.s.cfg.Keepalive {
 			if err := stream.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Keepalive{Keepalive: &pb.WatchDirResponse_KeepAlive{}}}); err != nil {
@@ -266,19 +248,19 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[p
 			}
 			quiet = time.Now()
 		}
-		prev = cur
 	}
 }
 
-// watcher is a polled watch whose events are collected for GetWatcherEvents.
+// watcher is a watch read by GetWatcherEvents.
 type watcher struct {
 	sandboxID string
-	cancel    context.CancelFunc
+	agentID   string // the agent's watch
+	dir       string
+	withEntry bool
 
-	mu     sync.Mutex // guards events, err, asked
-	events []*pb.FilesystemEvent
-	err    error
-	asked  time.Time
+	mu    sync.Mutex // guards after, asked
+	after uint64     // the last event read
+	asked time.Time
 }
 
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[pb.CreateWatcherRequest]) (*connect.Response[pb.CreateWatcherResponse], error) {
@@ -286,69 +268,40 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return nil, err
 	}
-	recursive, withEntry := req.Msg.GetRecursive(), req.Msg.GetIncludeEntry()
-	prev, err := look(ctx, sc.agent, name, recursive)
+	f.expire()
+	f.mu.Lock()
+	n := len(f.watchers)
+	f.mu.Unlock()
+	if n >= 1000 {
+		return nil, errdefs.New(errdefs.ResourceExhausted, "too many watchers; remove some first")
+	}
+	aid, err := sc.agent.Watch(ctx, name, req.Msg.GetRecursive())
 	if err != nil {
 		return nil, err
 	}
 	var b [12]byte
 	rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w := &watcher{sandboxID: sc.sb.ID, cancel: cancel, asked: time.Now()}
 	f.mu.Lock()
 	if f.watchers == nil {
 		f.watchers = map[string]*watcher{}
 	}
-	if len(f.watchers) >= 1000 {
-		f.mu.Unlock()
-		cancel()
-		return nil, errdefs.New(errdefs.ResourceExhausted, "too many watchers; remove some first")
-	}
-	f.watchers[id] = w
+	f.watchers[id] = &watcher{sandboxID: sc.sb.ID, agentID: aid, dir: name, withEntry: req.Msg.GetIncludeEntry(), asked: time.Now()}
 	f.mu.Unlock()
-	go func() {
-		defer f.drop(id)
-		t := time.NewTicker(pollEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-			}
-			w.mu.Lock()
-			idle := time.Since(w.asked) > watcherIdle
-			w.mu.Unlock()
-			if idle {
-				return
-			}
-			cur, err := look(wctx, sc.agent, name, recursive)
-			w.mu.Lock()
-			if err != nil {
-				w.err = err
-				w.mu.Unlock()
-				// Keep the watcher (and its error) until it is asked for.
-				<-wctx.Done()
-				return
-			}
-			w.events = append(w.events, diff(name, prev, cur, withEntry)...)
-			if len(w.events) > maxWatcherEvents {
-				w.events = w.events[len(w.events)-maxWatcherEvents:]
-			}
-			w.mu.Unlock()
-			prev = cur
-		}
-	}()
 	return connect.NewResponse(&pb.CreateWatcherResponse{WatcherId: id}), nil
 }
 
-func (f *filesystemService) drop(id string) {
+// expire forgets watchers nobody asked for events for watcherIdle.
+func (f *filesystemService) expire() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if w, ok := f.watchers[id]; ok {
-		w.cancel()
-		delete(f.watchers, id)
+	for id, w := range f.watchers {
+		w.mu.Lock()
+		idle := time.Since(w.asked) > watcherIdle
+		w.mu.Unlock()
+		if idle {
+			delete(f.watchers, id)
+		}
 	}
 }
 
@@ -362,29 +315,47 @@ func (f *filesystemService) watcher(ctx context.Context, id string) (*watcher, e
 	return w, nil
 }
 
+func (f *filesystemService) drop(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.watchers, id)
+}
+
 func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[pb.GetWatcherEventsRequest]) (*connect.Response[pb.GetWatcherEventsResponse], error) {
+	id := req.Msg.GetWatcherId()
+	w, err := f.watcher(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	ag := sandboxFrom(ctx).agent
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.asked = time.Now()
+	b, err := ag.WatchEvents(ctx, w.agentID, w.after, 0)
+	if err != nil {
+		if errors.Is(err, errdefs.NotFound) {
+			f.drop(id) // the agent forgot it (it restarted, or it expired)
+			return nil, errdefs.New(errdefs.NotFound, "watcher %q not found", id)
+		}
+		return nil, err
+	}
+	if b.Closed && len(b.Events) == 0 {
+		f.drop(id)
+		unwatch(ag, w.agentID)
+		return nil, errdefs.New(errdefs.NotFound, "the watched directory %s was removed", w.dir)
+	}
+	if n := len(b.Events); n > 0 {
+		w.after = b.Events[n-1].Seq
+	}
+	return connect.NewResponse(&pb.GetWatcherEventsResponse{Events: toEvents(ctx, ag, w.dir, b, w.withEntry)}), nil
+}
+
+func (f *filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[pb.RemoveWatcherRequest]) (*connect.Response[pb.RemoveWatcherResponse], error) {
 	w, err := f.watcher(ctx, req.Msg.GetWatcherId())
 	if err != nil {
 		return nil, err
 	}
-	w.mu.Lock()
-	evs, werr := w.events, w.err
-	w.events, w.asked = nil, time.Now()
-	w.mu.Unlock()
-	if werr != nil {
-		f.drop(req.Msg.GetWatcherId())
-		return nil, werr
-	}
-	if evs == nil {
-		evs = []*pb.FilesystemEvent{}
-	}
-	return connect.NewResponse(&pb.GetWatcherEventsResponse{Events: evs}), nil
-}
-
-func (f *filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[pb.RemoveWatcherRequest]) (*connect.Response[pb.RemoveWatcherResponse], error) {
-	if _, err := f.watcher(ctx, req.Msg.GetWatcherId()); err != nil {
-		return nil, err
-	}
 	f.drop(req.Msg.GetWatcherId())
+	unwatch(sandboxFrom(ctx).agent, w.agentID)
 	return connect.NewResponse(&pb.RemoveWatcherResponse{}), nil
 }

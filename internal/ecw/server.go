@@ -27,11 +27,12 @@ import (
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/usage"
 )
 
 // EnvdVersion is the envd version SPACE reports: the SDK features it gates
 // (octet-stream uploads, closeStdin, stdin control) all work.
-const EnvdVersion = "0.5.7"
+const EnvdVersion = "0.6.4"
 
 // EnvdPort is the port E2B's SDKs address envd on.
 const EnvdPort = "49983"
@@ -67,6 +68,14 @@ type Config struct {
 	// refuses them. Domain is the sandbox domain create answers with.
 	Ingress *ingress.Proxy
 	Domain  string
+	// Usage holds the sandboxes' sampled resource use (nil: getMetrics
+	// answers an empty list).
+	Usage Usage
+}
+
+// Usage is the sandboxes' sampled use of CPU, memory and disk.
+type Usage interface {
+	Series(sandboxID string, from, to time.Time) []usage.Sample
 }
 
 // Server serves the E2B-compatible API.
@@ -103,7 +112,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return nil
 		}
 		mux := s.control
-		if id, port, ok := envdTarget(r); ok {
+		id, port, ok := envdTarget(r)
+		if !ok && r.URL.Path == "/files" {
+			// A signed file URL on a plain E2B_SANDBOX_URL: the
+			// signature says which sandbox it is for.
+			f, signed, err := signedRequest(r)
+			if err != nil {
+				return err
+			}
+			if signed {
+				if id, err = s.signedSandbox(r.Context(), f); err != nil {
+					return err
+				}
+				port, ok = EnvdPort, true
+			}
+		}
+		if ok {
 			mux = s.envd
 			r = r.WithContext(context.WithValue(r.Context(), targetKey{}, target{sandboxID: id, port: port}))
 		}
@@ -186,16 +210,22 @@ func envdTarget(r *http.Request) (id, port string, ok bool) {
 
 // apiError is E2B's error body: the SDKs decide on its code.
 type apiError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
+	// SandboxID is set on E2B's edge's "sandbox not found" (502).
+	SandboxID string `json:"sandboxId,omitempty"`
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
 }
 
 // render is E2B's error body, {"code", "message"}, with the status of the
 // error's kind: the SDKs decide on its code. Errors without a kind never show
 // their text.
 func render(err error) (int, []byte) {
-	kind, msg, _ := errdefs.Public(err)
-	b, _ := edge.Marshal(apiError{Code: kind.Status, Message: msg})
+	kind, msg, details := errdefs.Public(err)
+	e := apiError{Code: kind.Status, Message: msg}
+	if kind == kindGone {
+		e.SandboxID, _ = details["sandboxId"].(string)
+	}
+	b, _ := edge.Marshal(e)
 	return kind.Status, b
 }
 
