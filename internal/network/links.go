@@ -6,9 +6,11 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"strings"
 
@@ -182,8 +184,15 @@ func inThread(fn func() error) error {
 
 // ensureNetns makes the sandbox's named network namespace unless it exists.
 func (m *Manager) ensureNetns(id string) (netns.NsHandle, error) {
-	if h, err := netns.GetFromName(m.nsName(id)); err == nil {
-		return h, nil
+	if isNetns(m.nsPath(id)) {
+		if h, err := netns.GetFromName(m.nsName(id)); err == nil {
+			return h, nil
+		}
+	}
+	// A file without its namespace is what a kill between the two steps of
+	// making one leaves: it goes first.
+	if err := removeNetns(m.nsPath(id)); err != nil {
+		return 0, fmt.Errorf("remove a half-made network namespace: %w", err)
 	}
 	err := inThread(func() error {
 		h, err := netns.NewNamed(m.nsName(id))
@@ -365,10 +374,8 @@ func (m *Manager) removeLinks(s *sbxNet) error {
 			errs = append(errs, fmt.Errorf("delete %s: %w", m.linkName(s.idx), err))
 		}
 	}
-	if _, err := os.Stat(m.nsPath(s.id)); err == nil {
-		if err := netns.DeleteNamed(m.nsName(s.id)); err != nil {
-			errs = append(errs, fmt.Errorf("delete network namespace: %w", err))
-		}
+	if err := removeNetns(m.nsPath(s.id)); err != nil {
+		errs = append(errs, fmt.Errorf("delete network namespace: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -385,7 +392,27 @@ func (m *Manager) removeAllLinks() {
 	ents, _ := os.ReadDir("/run/netns")
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "space-"+m.tag+"-") {
-			netns.DeleteNamed(e.Name())
+			removeNetns(filepath.Join("/run/netns", e.Name()))
 		}
 	}
+}
+
+// isNetns says whether path is a network namespace's bind mount (not the
+// empty file a kill while making one leaves behind).
+func isNetns(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
+// removeNetns removes a named network namespace: its bind mount, then its
+// file — also a file whose mount was never made (netns.DeleteNamed stops at
+// the failed unmount and leaves it).
+func removeNetns(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -241,4 +242,35 @@ func TestEgressPolicyInNamespaces(t *testing.T) {
 			t.Errorf("link left behind: %s", out)
 		}
 	})
+}
+
+// A kill between creating a namespace's file and bind-mounting it leaves an
+// empty file (found by the e2e fault suite): attaching replaces it, and
+// detaching or tearing down removes such a file too.
+func TestHalfMadeNamespaceIsReplaced(t *testing.T) {
+	nettest.Root(t)
+	up := nettest.NewUpstream(t, 61)
+	m := newManager(t, up, "10.234.0.0/16")
+	ctx := context.Background()
+	if err := os.WriteFile(m.nsPath("sbx_h"), nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Attach(ctx, "sbx_h", runtime.NetNamespace, sandbox.Network{Egress: "public"}, true); err != nil {
+		t.Fatalf("attach over a half-made namespace: %v", err)
+	}
+	if !isNetns(m.nsPath("sbx_h")) {
+		t.Fatal("no namespace after attach")
+	}
+	if err := m.Detach(ctx, "sbx_h"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.nsPath("sbx_h")); !os.IsNotExist(err) {
+		t.Fatalf("namespace file left after detach: %v", err)
+	}
+	// A leftover file of the range goes with the teardown.
+	os.WriteFile(m.nsPath("sbx_left"), nil, 0o444)
+	m.removeAllLinks()
+	if _, err := os.Stat(m.nsPath("sbx_left")); !os.IsNotExist(err) {
+		t.Fatalf("half-made namespace left after teardown: %v", err)
+	}
 }
