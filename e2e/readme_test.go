@@ -58,11 +58,8 @@ func TestREADMETour(t *testing.T) {
 	script := tourScript(t)
 	var s *server
 	if ok, _ := gvisorAvailable(); ok {
-		dataDir := t.TempDir()
+		dataDir := seedDataDir(t)
 		t.Cleanup(func() { killGVisorLeftovers(dataDir) })
-		if out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir).CombinedOutput(); err != nil {
-			t.Fatalf("build seed: %v\n%s", err, out)
-		}
 		s = startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, args: []string{"--runtime", "gvisor", "--build-seed=false"}})
 		t.Cleanup(func() { cleanupGVisor(s) })
 	} else {

@@ -192,15 +192,39 @@ func splitLines(s string) []string {
 	return out
 }
 
-// startSeedServer builds seed:latest into a new data directory and starts a
-// production server on rt ("gvisor", "vm" or "auto") that creates from it.
+// seed:latest is built once per run (its build takes about a minute) into
+// the binaries' directory, and each test that needs it gets a copy of the
+// template store in a data directory of its own. TestSeedTemplate builds
+// its own twice: it tests the build.
+var (
+	seedOnce sync.Once
+	seedErr  error
+	seedOut  []byte
+)
+
+// seedDataDir returns a new data directory that holds seed:latest.
+func seedDataDir(t *testing.T) string {
+	t.Helper()
+	cache := filepath.Join(filepath.Dir(spaceBin), "seed-data")
+	seedOnce.Do(func() {
+		seedOut, seedErr = exec.Command(spaceBin, "template", "build", "seed", "--data-dir", cache).CombinedOutput()
+	})
+	if seedErr != nil {
+		t.Fatalf("build seed: %v\n%s", seedErr, seedOut)
+	}
+	dataDir := t.TempDir()
+	if out, err := exec.Command("cp", "-a", filepath.Join(cache, "templates"), dataDir+"/").CombinedOutput(); err != nil {
+		t.Fatalf("copy seed:latest: %v\n%s", err, out)
+	}
+	return dataDir
+}
+
+// startSeedServer starts a production server on rt ("gvisor", "vm" or
+// "auto") that creates from seed:latest, in a new data directory.
 func startSeedServer(t *testing.T, rt string) *server {
 	t.Helper()
-	dataDir := t.TempDir()
+	dataDir := seedDataDir(t)
 	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
-	if out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir).CombinedOutput(); err != nil {
-		t.Fatalf("build seed: %v\n%s", err, out)
-	}
 	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "seed:latest",
 		args: []string{"--runtime", rt, "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}})
 	t.Cleanup(func() { cleanupGVisor(s) })

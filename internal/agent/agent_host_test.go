@@ -25,12 +25,12 @@ import (
 // it over a real unix socket pair, so its protocol, processes and files are
 // tested before any runtime exists.
 
-func startAgentOnHost(t *testing.T) (*agentclient.Client, string) {
+func startAgentOnHost(t testing.TB) (*agentclient.Client, string) {
 	t.Helper()
 	return startAgentWith(t, agent.Config{Root: t.TempDir()})
 }
 
-func startAgentWith(t *testing.T, cfg agent.Config) (*agentclient.Client, string) {
+func startAgentWith(t testing.TB, cfg agent.Config) (*agentclient.Client, string) {
 	t.Helper()
 	a := sandboxiotest.StartWith(t, cfg)
 	return a.Client, a.Root

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,5 +90,27 @@ func TestAgentOnHostWatch(t *testing.T) {
 	}
 	if _, err := c.WatchStart(ctx, proto.WatchRequest{Path: "/nope"}); err == nil {
 		t.Error("watching a missing directory")
+	}
+}
+
+// BenchmarkWatchLatency: from a file's creation to its event in the host's
+// hands (the agent in this process, over a socket pair).
+func BenchmarkWatchLatency(b *testing.B) {
+	c, root := startAgentOnHost(b)
+	ctx := context.Background()
+	h, err := c.WatchStart(ctx, proto.WatchRequest{Path: "/"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var after uint64
+	for i := 0; b.Loop(); i++ {
+		if err := os.WriteFile(filepath.Join(root, "f"+strconv.Itoa(i)), nil, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		r, err := c.WatchRead(ctx, proto.WatchRead{ID: h.ID, After: after, Wait: time.Second})
+		if err != nil || len(r.Events) == 0 {
+			b.Fatalf("%+v %v", r, err)
+		}
+		after = r.Events[len(r.Events)-1].Seq
 	}
 }

@@ -22,8 +22,13 @@ var Builtin = map[string]Builder{
 	"seed": BuildSeed,
 }
 
-// SeedPackages are installed into seed:latest on top of Debian's minbase.
-var SeedPackages = []string{"bash", "coreutils", "python3", "git", "curl", "ca-certificates", "procps", "iproute2"}
+// SeedPackages are installed into seed:latest on top of Debian's minbase:
+// what agents' scripts (and E2B's, whose default template seed:latest
+// stands in for) reach for first — a shell, Python with pip and venv
+// (`python` too), git, curl, and sudo for the user `user` without a
+// password. Recommends are not installed; compilers are not included
+// (a template of your own adds them).
+var SeedPackages = []string{"bash", "coreutils", "python3", "python-is-python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates", "procps", "iproute2", "sudo"}
 
 // SourceDateEpoch pins the timestamps mmdebstrap writes, so two builds of the
 // same packages produce the same tree.
@@ -105,8 +110,8 @@ func BuildTest(ctx context.Context, rootfs string, progress io.Writer) error {
 
 // BuildSeed makes seed:latest: Debian bookworm (minbase) from the host's apt
 // sources with mmdebstrap, plus SeedPackages, a non-root user `user`
-// (uid 1000) with a home directory. Caches and logs are removed so the tree
-// depends only on the packages.
+// (uid 1000) with a home directory who may sudo without a password. Caches
+// and logs are removed so the tree depends only on the packages.
 func BuildSeed(ctx context.Context, rootfs string, progress io.Writer) error {
 	if _, err := exec.LookPath("mmdebstrap"); err != nil {
 		return errors.New("mmdebstrap is not installed (apt-get install mmdebstrap)")
@@ -118,6 +123,7 @@ func BuildSeed(ctx context.Context, rootfs string, progress io.Writer) error {
 	cmd := exec.CommandContext(ctx, "mmdebstrap", "--variant=minbase",
 		"--include="+strings.Join(SeedPackages, ","),
 		`--customize-hook=chroot "$1" useradd -m -u 1000 -U -s /bin/bash user`,
+		`--customize-hook=echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > "$1"/etc/sudoers.d/user && chmod 0440 "$1"/etc/sudoers.d/user`,
 		`--customize-hook=rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/* "$1"/var/cache/ldconfig/aux-cache "$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old`,
 		`--customize-hook=truncate -s 0 "$1"/etc/machine-id`,
 		"bookworm", rootfs)

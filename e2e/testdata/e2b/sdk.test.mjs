@@ -26,6 +26,13 @@ await assert.rejects(sbx.commands.run('echo partial; exit 3'), (e) => {
 })
 step('commands.run and CommandExitError')
 
+// The default template has what E2B's base template users reach for
+// (sudo is there too, but gVisor does not honour setuid: google/gvisor#5299).
+const tools = await sbx.commands.run('python -V && pip --version && python3 -m venv /tmp/venv && git --version && curl --version | head -1 && whoami')
+assert.match(tools.stdout, /Python 3\./)
+assert.match(tools.stdout, /^user$/m)
+step('base template: python, pip, venv, git, curl as user')
+
 // envs, cwd, the default user and its home
 r = await sbx.commands.run('echo "$FOO $GLOBAL"; pwd; whoami', { envs: { FOO: 'bar' }, cwd: '/tmp' })
 assert.equal(r.stdout, 'bar g\n/tmp\nuser\n')
@@ -118,6 +125,54 @@ assert.deepEqual((await sbx.files.list('/home/user/fi')).map((e) => e.name), ['a
 await sbx.files.remove('/home/user/fi/never-there')
 step('file info as envd: mode bits, directory size, symlink target, sorted list, remove of a missing path')
 
+// File metadata (envd >= 0.6.2): set on write, returned by getInfo and list,
+// replaced by the next write; keys lower-cased as envd does.
+const meta = { owner: 'agent-7', purpose: 'a test: 1 2 3' }
+const mw = await sbx.files.write('/home/user/meta.txt', 'm', { metadata: { owner: 'agent-7', Purpose: 'a test: 1 2 3' } })
+assert.deepEqual(mw.metadata, meta)
+assert.deepEqual((await sbx.files.getInfo('/home/user/meta.txt')).metadata, meta)
+assert.deepEqual((await sbx.files.list('/home/user')).find((e) => e.name === 'meta.txt').metadata, meta)
+await sbx.files.write('/home/user/meta.txt', 'm2')
+assert.equal((await sbx.files.getInfo('/home/user/meta.txt')).metadata, undefined)
+step('file metadata: write, getInfo, list, replaced by the next write')
+
+// watchDir, recursive: create, write, chmod, rename and remove, by inotify in
+// the sandbox, with the entry when asked.
+await sbx.files.makeDir('/home/user/watched/sub')
+const seen = []
+let withEntry = null
+const watch = await sbx.files.watchDir('/home/user/watched', (e) => {
+  seen.push(`${e.type} ${e.name}`)
+  if (e.type === 'create' && e.name === 'sub/new/n') withEntry = e.entry
+}, { recursive: true, includeEntry: true })
+await sbx.commands.run('cd /home/user/watched && echo x > sub/f.txt && chmod 600 sub/f.txt && mv sub/f.txt sub/g.txt && rm sub/g.txt && mkdir sub/new && touch sub/new/n')
+for (let i = 0; i < 50 && !seen.includes('create sub/new/n'); i++) await new Promise((r) => setTimeout(r, 100))
+await watch.stop()
+for (const want of ['create sub/f.txt', 'write sub/f.txt', 'chmod sub/f.txt', 'rename sub/f.txt', 'create sub/g.txt', 'remove sub/g.txt', 'create sub/new', 'create sub/new/n']) {
+  assert.ok(seen.includes(want), `${want} not in ${seen.join(', ')}`)
+}
+assert.equal(withEntry?.path, '/home/user/watched/sub/new/n')
+step('watchDir recursive: create, write, chmod, rename, remove, with entries')
+
+// Signed file URLs work with no access token, on the plain E2B_SANDBOX_URL;
+// a wrong or expired signature is refused.
+const fetchText = async (url, init) => { const r = await fetch(url, init); return [r.status, await r.text()] }
+await sbx.files.write('/home/user/dir/a.txt', 'text content')
+assert.deepEqual(await fetchText(await sbx.downloadUrl('/home/user/dir/a.txt')), [200, 'text content'])
+assert.deepEqual(await fetchText(await sbx.downloadUrl('/home/user/dir/a.txt', { useSignatureExpiration: 60 })), [200, 'text content'])
+assert.equal((await fetchText(await sbx.downloadUrl('/home/user/dir/a.txt', { useSignatureExpiration: -10 })))[0], 401)
+const wrong = new URL(await sbx.downloadUrl('/home/user/dir/a.txt'))
+wrong.searchParams.set('signature', 'v1_' + 'A'.repeat(43))
+assert.equal((await fetchText(wrong))[0], 401)
+const form = new FormData()
+form.append('file', new Blob(['via a signed URL']), 'up.txt')
+assert.equal((await fetchText(await sbx.uploadUrl('/home/user/signed-up.txt', { useSignatureExpiration: 60 }), { method: 'POST', body: form }))[0], 200)
+assert.equal(await sbx.files.read('/home/user/signed-up.txt'), 'via a signed URL')
+const wrongUp = new URL(await sbx.uploadUrl('/home/user/signed-up.txt'))
+wrongUp.searchParams.set('path', '/home/user/elsewhere.txt')
+assert.equal((await fetchText(wrongUp, { method: 'POST', body: form }))[0], 401)
+step('signed download and upload URLs: valid, with expiry, expired, wrong')
+
 // A PTY: a terminal, input, resize, kill
 let term = ''
 const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { term += new TextDecoder().decode(d) } })
@@ -133,6 +188,20 @@ await waitFor(/30 100/)
 assert.equal(await sbx.pty.kill(pty.pid), true)
 await assert.rejects(pty.wait(), (e) => e instanceof CommandExitError)
 step('pty: tty, input, resize, kill')
+
+// getMetrics: the sampled series (every 5 s) has CPU, memory and disk, and
+// the CPU of a busy loop shows.
+await sbx.commands.run(`sh -c 'end=$(($(date +%s)+7)); while [ $(date +%s) -lt $end ]; do :; done'`)
+let series = []
+for (let i = 0; i < 40 && series.length < 2; i++) {
+  series = await sbx.getMetrics()
+  if (series.length < 2) await new Promise((r) => setTimeout(r, 500))
+}
+assert.ok(series.length >= 2, `${series.length} samples`)
+const lastSample = series.at(-1)
+assert.ok(lastSample.timestamp instanceof Date && lastSample.cpuCount >= 1 && lastSample.memTotal > 0 && lastSample.memUsed > 0 && lastSample.diskTotal > 0, JSON.stringify(lastSample))
+assert.ok(series.some((x) => x.cpuUsedPct > 20), JSON.stringify(series.map((x) => x.cpuUsedPct)))
+step('getMetrics: CPU, memory and disk series after load')
 
 // pause (a SPACE suspend), state in getInfo and list filters
 const keeper = await sbx.commands.run('sleep 300', { background: true })
