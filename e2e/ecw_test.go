@@ -6,6 +6,8 @@ import (
 	"mime/multipart"
 	"strings"
 	"testing"
+
+	"github.com/spacesandbox/space/internal/ecw"
 )
 
 // ecwDo sends a request to the E2B-compatible listener.
@@ -96,7 +98,7 @@ func TestECWControlPlaneContract(t *testing.T) {
 		SandboxID, TemplateID, ClientID, EnvdVersion, EnvdAccessToken string
 	}
 	if r.status != 201 || json.Unmarshal(r.body, &created) != nil || !strings.HasPrefix(created.SandboxID, "sbx_") ||
-		created.EnvdVersion != "0.5.7" || created.EnvdAccessToken == "" || created.ClientID == "" {
+		created.EnvdVersion != ecw.EnvdVersion || created.EnvdAccessToken == "" || created.ClientID == "" {
 		t.Fatalf("create = %d %s", r.status, r.body)
 	}
 	id := created.SandboxID
