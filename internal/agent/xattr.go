@@ -23,7 +23,10 @@ var errNoXattrs = errors.New("this file system does not keep file metadata (exte
 // pass only those, so following a link is harmless; /proc/self/fd paths
 // must be followed): nil when it has none or its file system keeps none.
 func readMetadata(p string) map[string]string {
-	buf := make([]byte, 1024)
+	// Most files have no extended attributes: a small first buffer, and the
+	// value buffer only once a metadata name is found (listings call this
+	// for every entry).
+	buf := make([]byte, 256)
 	n, err := unix.Listxattr(p, buf)
 	if errors.Is(err, unix.ERANGE) {
 		if n, err = unix.Listxattr(p, nil); err == nil {
@@ -35,11 +38,14 @@ func readMetadata(p string) map[string]string {
 		return nil
 	}
 	var m map[string]string
-	val := make([]byte, proto.MaxMetadataTotalLen)
+	var val []byte
 	for _, name := range strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00") {
 		key, ok := strings.CutPrefix(name, proto.MetadataPrefix)
 		if !ok || key == "" {
 			continue
+		}
+		if val == nil {
+			val = make([]byte, proto.MaxMetadataTotalLen)
 		}
 		vn, err := unix.Getxattr(p, name, val)
 		if err != nil || !utf8.ValidString(key) || !utf8.Valid(val[:vn]) {

@@ -73,6 +73,18 @@ func fileSignature(f signedFile, accessToken string) string {
 
 var errBadSignature = errdefs.New(errdefs.Unauthenticated, "invalid signature")
 
+// signs returns which of tokens (API token ids) issued the access token to
+// sandboxID that signed f.
+func (s *Server) signs(f signedFile, sandboxID string, tokens []string) (string, bool) {
+	for _, tid := range tokens {
+		want := fileSignature(f, s.cfg.Commands.Signer().SandboxAccessToken(sandboxID, tid))
+		if subtle.ConstantTimeCompare([]byte(want), []byte(f.sig)) == 1 {
+			return tid, true
+		}
+	}
+	return "", false
+}
+
 // signedBy returns the id of the API token whose access token to sandbox
 // signed f, or why the signature is refused.
 func (s *Server) signedBy(ctx context.Context, f signedFile, sandboxID string) (string, error) {
@@ -81,17 +93,14 @@ func (s *Server) signedBy(ctx context.Context, f signedFile, sandboxID string) (
 		if err != nil {
 			return "", err
 		}
-		for _, tid := range tokens {
-			want := fileSignature(f, s.cfg.Commands.Signer().SandboxAccessToken(sandboxID, tid))
-			if subtle.ConstantTimeCompare([]byte(want), []byte(f.sig)) == 1 {
-				if f.exp != "" {
-					exp, _ := strconv.ParseInt(f.exp, 10, 64)
-					if exp < time.Now().Unix() {
-						return "", errdefs.New(errdefs.Unauthenticated, "signature is already expired")
-					}
+		if tid, ok := s.signs(f, sandboxID, tokens); ok {
+			if f.exp != "" {
+				exp, _ := strconv.ParseInt(f.exp, 10, 64)
+				if exp < time.Now().Unix() {
+					return "", errdefs.New(errdefs.Unauthenticated, "signature is already expired")
 				}
-				return tid, nil
 			}
+			return tid, nil
 		}
 	}
 	return "", errBadSignature
@@ -111,14 +120,11 @@ func (s *Server) signedSandbox(ctx context.Context, f signedFile) (string, error
 			return "", err
 		}
 		for _, sb := range page.Items {
-			for _, tid := range tokens {
-				if checked++; checked > maxSignedScan {
-					return "", errdefs.New(errdefs.InvalidArgument, "too many sandboxes to find the one this URL was signed for: address it by its host name (%s-<sandbox id>.<domain>) or send E2b-Sandbox-Id", EnvdPort)
-				}
-				want := fileSignature(f, s.cfg.Commands.Signer().SandboxAccessToken(sb.ID, tid))
-				if subtle.ConstantTimeCompare([]byte(want), []byte(f.sig)) == 1 {
-					return sb.ID, nil
-				}
+			if checked += len(tokens); checked > maxSignedScan {
+				return "", errdefs.New(errdefs.InvalidArgument, "too many sandboxes to find the one this URL was signed for: address it by its host name (%s-<sandbox id>.<domain>) or send E2b-Sandbox-Id", EnvdPort)
+			}
+			if _, ok := s.signs(f, sb.ID, tokens); ok {
+				return sb.ID, nil
 			}
 		}
 		if page.Next == "" {
