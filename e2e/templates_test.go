@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -80,5 +81,45 @@ func TestSeedTemplate(t *testing.T) {
 	tr, _ = s.runCommand(out.Sandbox.ID, map[string]any{"command": []string{"sh", "-c", "echo '{\"a\":42}' | jq .a"}})
 	if string(tr.stdout) != "42\n" {
 		t.Fatalf("jq in a sandbox from the spec: %q %q", tr.stdout, tr.stderr)
+	}
+}
+
+// sudo in seed:latest works for its user without a password on every
+// runtime: the template's setuid sudo in a VM, the agent's sudo helper under
+// gVisor (which does not honour setuid). Both follow the template's sudoers:
+// a user it does not name is refused.
+func TestSeedSudo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs seed:latest")
+	}
+	requireGVisor(t)
+	rts := []string{"gvisor"}
+	if ok, why := vmAvailable(); ok {
+		rts = append(rts, "vm")
+	} else if os.Getenv("SPACE_REQUIRE_VM") == "1" {
+		t.Fatalf("SPACE_REQUIRE_VM=1 but the vm runtime cannot run: %s", why)
+	}
+	s := startSeedServer(t, "auto")
+	for _, rt := range rts {
+		t.Run(rt, func(t *testing.T) {
+			sbx := s.createWithNetwork(t, rt, nil)
+			run := func(user, script string) (string, int) {
+				tr, _ := s.runCommand(sbx.ID, map[string]any{"command": []string{"sh", "-c", script}, "user": user})
+				code := -1
+				if tr.exitCode != nil {
+					code = *tr.exitCode
+				}
+				return string(tr.stdout) + string(tr.stderr), code
+			}
+			if out, code := run("user", "sudo -n true && sudo -n whoami && sudo -n sh -c 'id -u; exit 4'"); code != 4 || out != "root\n0\n" {
+				t.Fatalf("sudo as user: exit %d, output %q", code, out)
+			}
+			if out, code := run("nobody", "sudo -n true"); code != 1 || !strings.HasPrefix(out, "sudo: ") {
+				t.Fatalf("sudo as nobody (not in sudoers): exit %d, output %q", code, out)
+			}
+			if out, code := run("user", "touch /etc/by-user"); code == 0 {
+				t.Fatalf("user wrote /etc without sudo: %q", out)
+			}
+		})
 	}
 }

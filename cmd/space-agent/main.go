@@ -4,6 +4,8 @@
 //	space-agent --connect unix:/run/space/agent.sock   dial the host's listener (redials when it drops)
 //	space-agent --connect file:/dev/virtio-ports/space.agent
 //	space-agent --connect stdio                         serve on stdin/stdout
+//	space-agent --sudo …                                also serve sudo (gVisor; see internal/agent/sudo.go)
+//	sudo [options] command                              run as "sudo": the helper's client
 //
 // As /init of a microVM's initramfs (no arguments, PID 1, /modules present)
 // it first switches to the sandbox's disk and then serves on the
@@ -18,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -25,9 +28,13 @@ import (
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == "sudo" {
+		os.Exit(agent.SudoMain(os.Args[1:], agent.SudoSocket, os.Stderr))
+	}
 	connect := flag.String("connect", "stdio", "how to reach the host: unix:PATH, file:PATH or stdio")
 	root := flag.String("root", "/", "confine file operations to this directory (tests)")
 	hostname := flag.String("hostname", "", "hostname to set when running as PID 1")
+	sudo := flag.Bool("sudo", false, "serve sudo on "+agent.SudoSocket+" (runtimes that do not honour setuid)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if _, err := os.Stat("/modules"); err == nil && os.Getpid() == 1 && len(os.Args) == 1 {
@@ -51,6 +58,13 @@ func main() {
 		os.Exit(1)
 	}
 	ctx := context.Background()
+	if *sudo {
+		go func() {
+			if err := a.ServeSudo(ctx, agent.SudoSocket); err != nil {
+				log.Warn("sudo helper stopped", "err", err)
+			}
+		}()
+	}
 	kind, target, _ := strings.Cut(*connect, ":")
 	switch kind {
 	case "stdio":

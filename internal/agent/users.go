@@ -17,6 +17,7 @@ type account struct {
 	name     string
 	uid, gid int
 	home     string
+	shell    string
 	groups   []uint32 // supplementary groups
 }
 
@@ -65,15 +66,15 @@ func (a *Agent) lookupUser(name string) (account, error) {
 			return
 		}
 		if f[0] == name || (numeric && u == uid) {
-			acc, found = account{name: f[0], uid: u, gid: g, home: f[5]}, true
+			acc, found = account{name: f[0], uid: u, gid: g, home: f[5], shell: f[6]}, true
 		}
 	})
 	if !found {
 		if name == "root" {
-			return account{name: "root", home: "/root"}, nil
+			return account{name: "root", home: "/root", shell: "/bin/sh"}, nil
 		}
 		if numeric {
-			return account{name: name, uid: uid, gid: uid, home: "/"}, nil
+			return account{name: name, uid: uid, gid: uid, home: "/", shell: "/bin/sh"}, nil
 		}
 		return account{}, proto.Errorf(proto.CodeInvalidArgument, "user %q does not exist in the sandbox", name)
 	}
@@ -93,6 +94,9 @@ func (a *Agent) lookupUser(name string) (account, error) {
 	})
 	if acc.home == "" {
 		acc.home = "/"
+	}
+	if acc.shell == "" {
+		acc.shell = "/bin/sh"
 	}
 	return acc, nil
 }

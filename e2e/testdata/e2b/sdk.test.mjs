@@ -26,12 +26,17 @@ await assert.rejects(sbx.commands.run('echo partial; exit 3'), (e) => {
 })
 step('commands.run and CommandExitError')
 
-// The default template has what E2B's base template users reach for
-// (sudo is there too, but gVisor does not honour setuid: google/gvisor#5299).
+// The default template has what E2B's base template users reach for,
+// sudo without a password included (under gVisor, which does not honour
+// setuid, the agent serves it from the template's sudoers).
 const tools = await sbx.commands.run('python -V && pip --version && python3 -m venv /tmp/venv && git --version && curl --version | head -1 && whoami')
 assert.match(tools.stdout, /Python 3\./)
 assert.match(tools.stdout, /^user$/m)
-step('base template: python, pip, venv, git, curl as user')
+r = await sbx.commands.run('sudo -n true && sudo whoami && sudo -u user id -un && echo hi | sudo tee /root/by-sudo && sudo cat /root/by-sudo && sudo sh -c "exit 3"', { user: 'user' }).catch((e) => e)
+assert.ok(r instanceof CommandExitError, `want the exit status of sudo's command, got ${r}`)
+assert.equal(r.exitCode, 3)
+assert.equal(r.stdout, 'root\nuser\nhi\nhi\n')
+step('base template: sudo -n as user without a password, python, pip, venv, git, curl')
 
 // envs, cwd, the default user and its home
 r = await sbx.commands.run('echo "$FOO $GLOBAL"; pwd; whoami', { envs: { FOO: 'bar' }, cwd: '/tmp' })

@@ -15,6 +15,7 @@ import (
 const (
 	AgentPath = "/.space/agent" // the agent binary, read-only
 	RunDir    = "/.space/run"   // the host's agent socket lives here
+	SudoPath  = "/usr/bin/sudo" // replaced by the agent's sudo helper when the template has it
 )
 
 // ociSpec is the OCI runtime spec of a sandbox: the agent as init, the
@@ -48,12 +49,33 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 	}
 	res := spec.Resources
 	const period = 100000
+	args := []string{AgentPath, "--connect", "unix:" + RunDir + "/agent.sock"}
+	mounts := []map[string]any{
+		{"destination": "/proc", "type": "proc", "source": "proc"},
+		{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
+		{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev", "mode=755"}},
+		{"destination": AgentPath, "type": "bind", "source": r.cfg.AgentBin, "options": []string{"rbind", "ro"}},
+		// Read-only: the agent only connects to the socket in it (a
+		// connect needs no write access to a mount); nothing the sandbox
+		// writes may land on the host outside its disk limit (#14 item 1).
+		{"destination": RunDir, "type": "bind", "source": r.socketDir(spec.SandboxID), "options": []string{"rbind", "ro"}},
+	}
+	// gVisor does not honour setuid bits, so a template's sudo cannot work;
+	// the agent serves it instead (internal/agent/sudo.go), following the
+	// template's sudoers.
+	if fi, err := os.Lstat(filepath.Join(rootfs, SudoPath)); err == nil && fi.Mode().IsRegular() {
+		args = append(args, "--sudo")
+		mounts = append(mounts, map[string]any{"destination": SudoPath, "type": "bind", "source": r.cfg.AgentBin, "options": []string{"rbind", "ro"}})
+	}
 	return map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
 			"terminal": false,
 			"user":     map[string]any{"uid": 0, "gid": 0},
-			"args":     []string{AgentPath, "--connect", "unix:" + RunDir + "/agent.sock"},
+			"args":     args,
 			"env":      env,
 			"cwd":      cwd,
 			"capabilities": func() map[string]any {
@@ -67,19 +89,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 		},
 		"root":     map[string]any{"path": rootfs, "readonly": false},
 		"hostname": hostname(spec.SandboxID),
-		"mounts": []map[string]any{
-			{"destination": "/proc", "type": "proc", "source": "proc"},
-			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
-			{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev", "mode=755"}},
-			{"destination": AgentPath, "type": "bind", "source": r.cfg.AgentBin, "options": []string{"rbind", "ro"}},
-			// Read-only: the agent only connects to the socket in it (a
-			// connect needs no write access to a mount); nothing the sandbox
-			// writes may land on the host outside its disk limit (#14 item 1).
-			{"destination": RunDir, "type": "bind", "source": r.socketDir(spec.SandboxID), "options": []string{"rbind", "ro"}},
-		},
+		"mounts":   mounts,
 		"linux": map[string]any{
 			"cgroupsPath": "/space/" + spec.SandboxID,
 			"resources": map[string]any{
