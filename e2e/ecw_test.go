@@ -40,7 +40,8 @@ func TestECWControlPlaneContract(t *testing.T) {
 	expectE2BError(t, s.ecwDo("GET", "/v2/sandboxes", nil), 401)
 	expectE2BError(t, s.ecwDo("GET", "/v2/sandboxes", nil, "X-API-KEY: space_wrong"), 401)
 	expectE2BError(t, s.ecwDo("GET", "/sandboxes/"+fakeSbx, nil, key), 404)
-	expectE2BError(t, s.ecwDo("GET", "/sandboxes/not-an-id", nil, key), 404)
+	expectE2BError(t, s.ecwDo("GET", "/sandboxes/abc123", nil, key), 404)    // E2B-shaped, not ours
+	expectE2BError(t, s.ecwDo("GET", "/sandboxes/not-an-id", nil, key), 400) // E2B: "Invalid sandbox ID"
 	expectE2BError(t, s.ecwDo("DELETE", "/sandboxes/"+fakeSbx, nil, key), 404)
 	expectE2BError(t, s.ecwDo("POST", "/sandboxes/"+fakeSbx+"/pause", nil, key), 404)
 	expectE2BError(t, s.ecwDo("POST", "/v2/sandboxes/"+fakeSbx+"/connect", []byte(`{}`), key), 404)

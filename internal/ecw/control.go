@@ -263,21 +263,56 @@ func opError(op *sandbox.Operation) error {
 	return errdefs.New(errdefs.Internal, "%s failed: %s", op.Kind, op.Error.Message)
 }
 
-// sandbox loads the sandbox a path names: an unknown, malformed, pooled or
-// deleted id is NotFound.
+// sandbox loads the sandbox a path names, as E2B's API reads the id: an
+// optional "-clientID" suffix is dropped; an id E2B would refuse to parse
+// (more than one "-", or anything but lower-case letters and digits — a
+// SPACE id's "sbx_" aside) is 400 "Invalid sandbox ID"; an unknown, pooled
+// or deleted one is 404 with E2B's message.
 func (s *Server) sandbox(r *http.Request) (*sandbox.Sandbox, error) {
-	id := r.PathValue("sandboxID")
+	id, ok := shortID(r.PathValue("sandboxID"))
+	if !ok {
+		return nil, errdefs.New(errdefs.InvalidArgument, "Invalid sandbox ID")
+	}
 	if !ids.Valid(ids.Sandbox, id) {
-		return nil, errdefs.New(errdefs.NotFound, "sandbox %q not found", id)
+		return nil, sandboxNotFound(id)
 	}
 	sb, err := s.cfg.Engine.Get(r.Context(), id)
+	if errors.Is(err, errdefs.NotFound) {
+		return nil, sandboxNotFound(id)
+	}
 	if err != nil {
 		return nil, err
 	}
 	if sb.State == sandbox.Deleted || sb.State == sandbox.Deleting || sb.Pool != "" {
-		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+		return nil, sandboxNotFound(id)
 	}
 	return sb, nil
+}
+
+// shortID is E2B's reading of a sandbox id in a path: "<id>" or
+// "<id>-<clientID>", the id lower-case letters and digits ("sbx_" allowed
+// as SPACE's prefix).
+func shortID(composite string) (string, bool) {
+	parts := strings.Split(composite, "-")
+	if len(parts) > 2 {
+		return "", false
+	}
+	id := parts[0]
+	body := strings.TrimPrefix(id, string(ids.Sandbox))
+	if body == "" {
+		return "", false
+	}
+	for _, c := range body {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return "", false
+		}
+	}
+	return id, true
+}
+
+// sandboxNotFound is E2B's 404 for a sandbox.
+func sandboxNotFound(id string) error {
+	return errdefs.New(errdefs.NotFound, "Sandbox %q doesn't exist or you don't have access to it", id)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
@@ -320,7 +355,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if sb.State == sandbox.Suspended || sb.State == sandbox.Suspending {
-		return errdefs.New(errdefs.Conflict, "sandbox %s is already paused", sb.ID)
+		return errdefs.New(errdefs.Conflict, "Error pausing sandbox - sandbox '%s' is already paused", sb.ID)
 	}
 	op, err := s.cfg.Engine.Suspend(r.Context(), sb.ID, nil)
 	if err != nil {
@@ -358,7 +393,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if e2bState(sb.State) == "running" {
-		return errdefs.New(errdefs.Conflict, "sandbox %s is already running", sb.ID)
+		return errdefs.New(errdefs.Conflict, "Sandbox %s is already running", sb.ID)
 	}
 	return s.wake(w, r, sb, body.Timeout)
 }
@@ -461,6 +496,11 @@ func (s *Server) changeTimeout(w http.ResponseWriter, r *http.Request, field str
 	var sb *sandbox.Sandbox
 	if err == nil {
 		sb, err = s.sandbox(r)
+	}
+	// E2B keeps timeouts for running sandboxes only: a paused one is not
+	// found there.
+	if err == nil && e2bState(sb.State) != "running" {
+		err = sandboxNotFound(sb.ID)
 	}
 	if err == nil {
 		_, err = apply(r.Context(), sb.ID, d)

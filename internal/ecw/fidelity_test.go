@@ -299,3 +299,36 @@ func TestWatcherEvents(t *testing.T) {
 		t.Errorf("events of a removed watcher: %d", code)
 	}
 }
+
+// The control plane's error bodies say what E2B's API says for the same
+// case (packages/api/internal/handlers and utils/messages.go of e2b-dev/infra):
+// {"code": status, "message": …}.
+func TestControlErrorBodiesAreE2Bs(t *testing.T) {
+	h := newHarness(t)
+	running, paused := h.eng.Add(sandbox.Running).ID, h.eng.Add(sandbox.Suspended).ID
+	unknown := ids.New(ids.Sandbox)
+	cases := []struct {
+		method, path, body string
+		status             int
+		message            string
+	}{
+		{"GET", "/sandboxes/" + unknown, "", 404, `Sandbox "` + unknown + `" doesn't exist or you don't have access to it`},
+		{"GET", "/sandboxes/abc123", "", 404, `Sandbox "abc123" doesn't exist or you don't have access to it`},
+		{"DELETE", "/sandboxes/a-b-c", "", 400, "Invalid sandbox ID"},
+		{"POST", "/sandboxes/" + paused + "/pause", "", 409, "Error pausing sandbox - sandbox '" + paused + "' is already paused"},
+		{"POST", "/sandboxes/" + running + "/resume", "", 409, "Sandbox " + running + " is already running"},
+		{"POST", "/sandboxes/" + paused + "/timeout", `{"timeout":5}`, 404, `Sandbox "` + paused + `" doesn't exist or you don't have access to it`},
+	}
+	for _, c := range cases {
+		req := httptest.NewRequest(c.method, c.path, strings.NewReader(c.body))
+		req.Header.Set("X-API-KEY", h.key)
+		w := h.serve(req)
+		var e struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || w.Code != c.status || e.Code != c.status || e.Message != c.message {
+			t.Errorf("%s %s = %d %s, want %d {%q}", c.method, c.path, w.Code, w.Body, c.status, c.message)
+		}
+	}
+}
