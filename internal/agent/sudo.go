@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -67,7 +69,9 @@ func (a *Agent) ServeSudo(ctx context.Context, socket string) error {
 		return fmt.Errorf("sudo helper: %w", err)
 	}
 	os.Remove(socket)
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	// A stream socket: gVisor reports the listener's own credentials as
+	// SO_PEERCRED of a SOCK_SEQPACKET connection, never the caller's.
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
 		return fmt.Errorf("sudo helper: %w", err)
 	}
@@ -92,10 +96,7 @@ func (a *Agent) ServeSudo(ctx context.Context, socket string) error {
 // sudo serves one request.
 func (a *Agent) sudo(c *net.UnixConn) {
 	defer c.Close()
-	reply := func(r sudoReply) {
-		b, _ := json.Marshal(r)
-		c.Write(b)
-	}
+	reply := func(r sudoReply) { writeFrame(c, r, nil) }
 	refuse := func(format string, args ...any) {
 		reply(sudoReply{Error: fmt.Sprintf(format, args...), Done: true, Exit: 1})
 	}
@@ -104,20 +105,14 @@ func (a *Agent) sudo(c *net.UnixConn) {
 		a.log.Warn("sudo helper: peer credentials", "err", err)
 		return
 	}
-	buf := make([]byte, sudoMaxRequest)
-	oob := make([]byte, unix.CmsgSpace(3*4))
-	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return
-	}
-	fds := receivedFDs(oob[:oobn])
+	var req sudoRequest
+	fds, err := readFrame(c, &req, true)
 	defer func() {
 		for _, f := range fds {
 			f.Close()
 		}
 	}()
-	var req sudoRequest
-	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || len(fds) != 3 || json.Unmarshal(buf[:n], &req) != nil {
+	if err != nil || len(fds) != 3 {
 		refuse("malformed request to the sandbox's sudo helper")
 		return
 	}
@@ -167,9 +162,9 @@ func (a *Agent) sudo(c *net.UnixConn) {
 	var mu sync.Mutex
 	done := false
 	go func() {
-		b := make([]byte, 256)
 		for {
-			n, err := c.Read(b)
+			var s sudoSignal
+			_, err := readFrame(c, &s, false)
 			mu.Lock()
 			if done {
 				mu.Unlock()
@@ -180,8 +175,7 @@ func (a *Agent) sudo(c *net.UnixConn) {
 				mu.Unlock()
 				return
 			}
-			var s sudoSignal
-			if json.Unmarshal(b[:n], &s) == nil && s.Signal > 0 && s.Signal < 65 {
+			if s.Signal > 0 && s.Signal < 65 {
 				unix.Kill(pid, syscall.Signal(s.Signal))
 			}
 			mu.Unlock()
@@ -416,6 +410,58 @@ func shellJoin(argv []string) string {
 		q[i] = "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 	}
 	return strings.Join(q, " ")
+}
+
+// writeFrame sends v as one frame: a 4-byte big-endian length, then JSON;
+// oob (descriptors) goes with its first byte.
+func writeFrame(c *net.UnixConn, v any, oob []byte) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > sudoMaxRequest {
+		return errors.New("frame too large")
+	}
+	msg := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(b)), uint32(len(b)))
+	msg = append(msg, b...)
+	if oob == nil {
+		_, err = c.Write(msg)
+		return err
+	}
+	n, _, err := c.WriteMsgUnix(msg, oob, nil)
+	if err == nil && n < len(msg) {
+		_, err = c.Write(msg[n:])
+	}
+	return err
+}
+
+// readFrame reads one frame into v; with wantFDs, the descriptors that came
+// with it (they arrive with its first byte).
+func readFrame(c *net.UnixConn, v any, wantFDs bool) ([]*os.File, error) {
+	hdr := make([]byte, 4)
+	var fds []*os.File
+	got := 0
+	if wantFDs {
+		oob := make([]byte, unix.CmsgSpace(3*4))
+		n, oobn, flags, _, err := c.ReadMsgUnix(hdr, oob)
+		fds = receivedFDs(oob[:oobn])
+		if err != nil || flags&unix.MSG_CTRUNC != 0 {
+			return fds, fmt.Errorf("read frame: %v (flags %#x)", err, flags)
+		}
+		got = n
+	}
+	if _, err := io.ReadFull(c, hdr[got:]); err != nil {
+		return fds, err
+	}
+	size := binary.BigEndian.Uint32(hdr)
+	if size > sudoMaxRequest {
+		return fds, errors.New("frame too large")
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return fds, err
+	}
+	return fds, json.Unmarshal(body, v)
 }
 
 // peerCred is the connecting process's credentials, from the kernel.

@@ -130,12 +130,11 @@ func SudoMain(args []string, socket string, stderr io.Writer) int {
 		req.Env = os.Environ()
 	}
 	req.Cwd, _ = os.Getwd()
-	body, err := json.Marshal(req)
-	if err != nil || len(body) > sudoMaxRequest {
+	if body, err := json.Marshal(req); err != nil || len(body) > sudoMaxRequest {
 		return fail("the command and its environment are too large")
 	}
 
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
 		return fail("the sandbox's sudo helper is not reachable: %v", err)
 	}
@@ -154,24 +153,18 @@ func SudoMain(args []string, socket string, stderr io.Writer) int {
 	// Signals are caught before the request so none is lost between.
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH)
-	if _, _, err := c.WriteMsgUnix(body, unix.UnixRights(fds...), nil); err != nil {
+	if err := writeFrame(c, req, unix.UnixRights(fds...)); err != nil {
 		return fail("the sandbox's sudo helper: %v", err)
 	}
 	go func() {
 		for s := range sigs {
-			b, _ := json.Marshal(sudoSignal{Signal: int(s.(syscall.Signal))})
-			c.Write(b)
+			writeFrame(c, sudoSignal{Signal: int(s.(syscall.Signal))}, nil)
 		}
 	}()
-	buf := make([]byte, 64<<10)
 	for {
-		n, err := c.Read(buf)
-		if err != nil {
-			return fail("the sandbox's sudo helper went away")
-		}
 		var r sudoReply
-		if json.Unmarshal(buf[:n], &r) != nil {
-			return fail("malformed reply from the sandbox's sudo helper")
+		if _, err := readFrame(c, &r, false); err != nil {
+			return fail("the sandbox's sudo helper went away")
 		}
 		if r.Error != "" {
 			fmt.Fprintf(stderr, "sudo: %s\n", r.Error)
