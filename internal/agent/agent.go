@@ -172,9 +172,15 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 		return c
 	}
 	callCtx := session()
-	defer func() { cancelCalls() }()
+	// When the channel ends, the calls still running (long polls for
+	// output or watch events) are cancelled first and then waited for: a
+	// host that hung up must not wait out the longest poll before the
+	// agent dials again.
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		cancelCalls()
+		wg.Wait()
+	}()
 	for {
 		f, err := r.Read()
 		if err != nil {

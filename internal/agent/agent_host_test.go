@@ -467,3 +467,37 @@ func TestAgentOnHostPendingSessionsAreCapped(t *testing.T) {
 		t.Fatalf("after one started: %v", err)
 	}
 }
+
+// A host that hangs up while a long poll for output is in flight lets the
+// agent serve the next connection at once: the poll is cancelled, not
+// waited out (a copy's agent redials after a fork or snapshot).
+func TestAgentOnHostHangUpCancelsLongPolls(t *testing.T) {
+	a, err := agent.New(agent.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	hostSide, agentSide := sandboxiotest.SocketPair(t)
+	served := make(chan error, 1)
+	go func() { served <- a.Serve(context.Background(), agentSide) }()
+	ctx := context.Background()
+	c, err := agentclient.Dial(ctx, hostSide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CreateProcess(ctx, proto.ProcessSpec{ID: "quiet", Argv: []string{"sleep", "60"}})
+	c.StartProcess(ctx, "quiet")
+	defer c.Signal(ctx, "quiet", "SIGKILL")
+	go c.ReadOutput(ctx, "quiet", 0, 1<<20, 30*time.Second, "") // blocks: no output
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	c.Close()
+	select {
+	case <-served:
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("Serve returned %v after the hang-up", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve still waits for a long poll of a host that hung up")
+	}
+}

@@ -68,7 +68,15 @@ func configureNetwork(c proto.NetConfig) error {
 	have, _ := netlink.AddrList(eth, unix.AF_INET)
 	configured := false
 	for _, a := range have {
-		configured = configured || a.IP.Equal(addr.Addr().AsSlice())
+		if a.IP.Equal(addr.Addr().AsSlice()) {
+			configured = true
+			continue
+		}
+		// A copy of another sandbox (a fork, a snapshot) wakes with its
+		// source's address: it is not this sandbox's.
+		if err := netlink.AddrDel(eth, &a); err != nil {
+			return fmt.Errorf("remove stale address %s: %w", a.IPNet, err)
+		}
 	}
 	if !configured {
 		ipn := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
