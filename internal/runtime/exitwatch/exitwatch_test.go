@@ -42,7 +42,9 @@ func TestKilledProcessIsReportedOnceAndStoppedOneIsNot(t *testing.T) {
 		if x.SandboxID != "sbx_dies" || x.Reason != runtime.ExitOutOfMemory || x.Message != "at its limit" {
 			t.Fatalf("exit = %+v", x)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
+		// Generous: a CI run that also ran e2e sandboxes beside it once
+		// missed 10 s (not reproduced in 30 runs alone).
 		t.Fatal("a killed process was not reported")
 	}
 	select {
