@@ -44,6 +44,10 @@ type Sandbox struct {
 	UpdatedAt     time.Time         `json:"updated_at"`
 	LastActiveAt  time.Time         `json:"last_active_at"`
 	Error         *ErrorInfo        `json:"error"`
+	// ForkOf is the sandbox this one was forked from; Snapshot the
+	// snapshot it was created from.
+	ForkOf   string `json:"fork_of,omitempty"`
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Operation is an asynchronous lifecycle change.
@@ -51,6 +55,7 @@ type Operation struct {
 	ID          string     `json:"id"`
 	Kind        string     `json:"kind"`
 	SandboxID   string     `json:"sandbox_id"`
+	Sandboxes   []string   `json:"sandboxes,omitempty"` // a fork's new sandboxes
 	State       string     `json:"state"`
 	Error       *ErrorInfo `json:"error"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -69,6 +74,9 @@ type CreateSandboxRequest struct {
 	Env           map[string]string `json:"env,omitempty"`
 	Metadata      map[string]string `json:"metadata,omitempty"`
 	AutoLifecycle *AutoLifecycle    `json:"auto_lifecycle,omitempty"`
+	// Snapshot starts the sandbox from a ready snapshot (its template,
+	// runtime, resources and environment).
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // CreateSandboxResponse is the answer to a create.
@@ -143,6 +151,23 @@ func (c *Client) Lifecycle(ctx context.Context, action, id, key string) (*Operat
 	return &out.Operation, resp, nil
 }
 
+// Fork asks for count copies of a running or paused sandbox: the operation
+// that makes them and the new sandboxes (starting until it succeeds).
+func (c *Client) Fork(ctx context.Context, id string, count int, key string) (*Operation, []Sandbox, *Response, error) {
+	if id == "" {
+		return nil, nil, nil, fmt.Errorf("empty sandbox id")
+	}
+	var out struct {
+		Operation Operation `json:"operation"`
+		Sandboxes []Sandbox `json:"sandboxes"`
+	}
+	resp, err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+":fork", nil, key, map[string]int{"count": count}, &out)
+	if err != nil {
+		return nil, nil, resp, err
+	}
+	return &out.Operation, out.Sandboxes, resp, nil
+}
+
 // GetOperation polls an operation.
 func (c *Client) GetOperation(ctx context.Context, id string) (*Operation, error) {
 	if id == "" {
@@ -190,4 +215,62 @@ func (c *Client) WaitOperation(ctx context.Context, id string) (*Operation, erro
 			delay *= 2
 		}
 	}
+}
+
+// Snapshot is a saved sandbox (see the API's Snapshot).
+type Snapshot struct {
+	ID          string            `json:"id"`
+	Name        string            `json:"name,omitempty"`
+	SandboxID   string            `json:"sandbox_id"`
+	State       string            `json:"state"`
+	Runtime     string            `json:"runtime"`
+	Resources   Resources         `json:"resources"`
+	Env         map[string]string `json:"env"`
+	SizeBytes   int64             `json:"size_bytes"`
+	OperationID string            `json:"operation_id"`
+	Error       *ErrorInfo        `json:"error"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+}
+
+// CreateSnapshot asks for a snapshot of a running or paused sandbox: the
+// snapshot (creating) and the operation that saves it.
+func (c *Client) CreateSnapshot(ctx context.Context, sandboxID, name, key string) (*Snapshot, *Operation, error) {
+	if sandboxID == "" {
+		return nil, nil, fmt.Errorf("empty sandbox id")
+	}
+	body := map[string]string{}
+	if name != "" {
+		body["name"] = name
+	}
+	var out struct {
+		Snapshot  Snapshot  `json:"snapshot"`
+		Operation Operation `json:"operation"`
+	}
+	if _, err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/snapshots", nil, key, body, &out); err != nil {
+		return nil, nil, err
+	}
+	return &out.Snapshot, &out.Operation, nil
+}
+
+// ListSnapshots returns one page of snapshots, optionally of one sandbox.
+func (c *Client) ListSnapshots(ctx context.Context, sandboxID string, o ListOptions) (*List[Snapshot], error) {
+	q := o.values()
+	if sandboxID != "" {
+		q.Set("sandbox_id", sandboxID)
+	}
+	var out List[Snapshot]
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/snapshots", q, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeleteSnapshot removes a snapshot and its image.
+func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
+	if id == "" {
+		return fmt.Errorf("empty snapshot id")
+	}
+	_, err := c.Do(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(id), nil, "", nil, nil)
+	return err
 }

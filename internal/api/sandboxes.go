@@ -229,6 +229,48 @@ func (s *Server) lifecycleHandler(kind sandbox.OpKind) handlerFunc {
 	}
 }
 
+// forkResponse is the body of 202 to :fork.
+type forkResponse struct {
+	Operation *sandbox.Operation `json:"operation"`
+	Sandboxes []*sandbox.Sandbox `json:"sandboxes"`
+}
+
+// forkSandbox serves POST /v1/sandboxes/{id}:fork {"count": N}.
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, p params) error {
+	return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+		var req struct {
+			Count *int `json:"count"`
+		}
+		id, err := sandboxJSON(r, p, body, &req)
+		if err != nil {
+			return response{}, err
+		}
+		count := 1
+		if req.Count != nil {
+			count = *req.Count
+		}
+		var forks []*sandbox.Sandbox
+		build := func(_ *sandbox.Sandbox, op *sandbox.Operation) any {
+			out := forkResponse{Operation: op}
+			for _, f := range forks {
+				out.Sandboxes = append(out.Sandboxes, s.present(f))
+			}
+			return out
+		}
+		render := i.render(http.StatusAccepted, operationLocation, build)
+		op, made, err := s.engine.Fork(r.Context(), id, count, func(op *sandbox.Operation, f []*sandbox.Sandbox) *store.Completion {
+			forks = f
+			return render.Completion(nil, op)
+		})
+		if err != nil {
+			return response{}, err
+		}
+		forks = made
+		b, err := edge.Marshal(build(nil, op))
+		return response{status: http.StatusAccepted, body: b, location: operationLocation(nil, op)}, err
+	})
+}
+
 func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p params) error {
 	id := p["id"]
 	if !ids.Valid(ids.Operation, id) {

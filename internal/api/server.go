@@ -60,6 +60,11 @@ type Engine interface {
 	Suspend(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
 	Wake(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
 	Delete(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	Fork(ctx context.Context, id string, count int, render lifecycle.ForkRender) (*sandbox.Operation, []*sandbox.Sandbox, error)
+	CreateSnapshot(ctx context.Context, id, name string, render lifecycle.SnapshotRender) (*sandbox.Operation, *sandbox.Snapshot, error)
+	GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store.Page[sandbox.Snapshot], error)
+	DeleteSnapshot(ctx context.Context, id string) error
 	UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error)
 	Operation(ctx context.Context, id string) (*sandbox.Operation, error)
 	Operations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error)
@@ -127,7 +132,12 @@ func (s *Server) Routes() []Route {
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:pause", Auth: true, Handler: s.lifecycleHandler(sandbox.OpPause)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Handler: s.lifecycleHandler(sandbox.OpWake)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:fork", Auth: true, Handler: s.forkSandbox},
 		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/network", Auth: true, Handler: s.putNetwork},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/snapshots", Auth: true, Handler: s.createSnapshot},
+		{Method: "GET", Pattern: "/v1/snapshots", Auth: true, Handler: s.listSnapshots},
+		{Method: "GET", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.getSnapshot},
+		{Method: "DELETE", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.deleteSnapshot},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/metrics", Auth: true, Handler: s.getMetrics},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Handler: s.createCommand},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Handler: s.listProcesses},

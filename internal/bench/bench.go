@@ -235,6 +235,60 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Rows = append(rep.Rows, latencyRow(fmt.Sprintf("suspend → suspended (%d MiB dirty)", cfg.DirtyMiB), "p50 ≤ 300 ms", susp),
 		latencyRow("wake (suspended) → running", "p50 ≤ 150 ms", rest))
 
+	say("fork ×1 with %d MiB dirty, %d runs", cfg.DirtyMiB, runs)
+	var forks []time.Duration
+	for i := 0; i < runs; i++ {
+		start := time.Now()
+		op, copies, _, err := c.Fork(ctx, id, 1, "")
+		if client.IsCode(err, "failed_precondition") {
+			say("fork: skipped, %v", err)
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range copies {
+			made = append(made, f.ID)
+		}
+		if op, err = c.WaitOperation(ctx, op.ID); err != nil {
+			return nil, err
+		}
+		if op.State != "succeeded" {
+			return nil, fmt.Errorf("fork failed: %+v", op.Error)
+		}
+		forks = append(forks, time.Since(start))
+		for _, f := range copies {
+			c.Lifecycle(ctx, "delete", f.ID, "")
+		}
+	}
+	if len(forks) > 0 {
+		rep.Rows = append(rep.Rows, latencyRow(fmt.Sprintf("fork ×1 → running (%d MiB dirty)", cfg.DirtyMiB), "gvisor p50 ≤ 300 ms", forks))
+		say("create from a snapshot (%d MiB dirty), %d runs", cfg.DirtyMiB, runs)
+		snap, op, err := c.CreateSnapshot(ctx, id, "", "")
+		if err != nil {
+			return nil, err
+		}
+		defer c.DeleteSnapshot(context.WithoutCancel(ctx), snap.ID)
+		if op, err = c.WaitOperation(ctx, op.ID); err != nil || op.State != "succeeded" {
+			return nil, fmt.Errorf("snapshot: %v %+v", err, op)
+		}
+		var froms []time.Duration
+		for i := 0; i < runs; i++ {
+			start := time.Now()
+			out, _, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap.ID}, "")
+			if err != nil {
+				return nil, err
+			}
+			made = append(made, out.Sandbox.ID)
+			if op, err := c.WaitOperation(ctx, out.Operation.ID); err != nil || op.State != "succeeded" {
+				return nil, fmt.Errorf("create from snapshot: %v %+v", err, op)
+			}
+			froms = append(froms, time.Since(start))
+			c.Lifecycle(ctx, "delete", out.Sandbox.ID, "")
+		}
+		rep.Rows = append(rep.Rows, latencyRow(fmt.Sprintf("create from a snapshot → running (%d MiB dirty)", cfg.DirtyMiB), "≤ create from the template", froms))
+	}
+
 	say("control-plane reads for %.0fs", cfg.ReadSeconds)
 	rps, err := readRate(ctx, cfg, id)
 	if err != nil {

@@ -47,8 +47,9 @@ Server:
   space template build|list|inspect|tag|rm|gc   manage templates in the data directory
 
 Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
-  space sandbox create|list|get|pause|suspend|wake|delete
+  space sandbox create|list|get|pause|suspend|wake|fork|delete
   space operation get|wait|list
+  space snapshot create SANDBOX [--name N --wait] | list [--sandbox ID] | rm SNAPSHOT…
   space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
   space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
   space bench [--runtime R --template T --runs N --quick --json-out FILE]
@@ -105,6 +106,8 @@ func run(ctx context.Context, args []string, o Options) error {
 		return sandboxCmd(ctx, rest, o)
 	case "operation", "operations", "op":
 		return operationCmd(ctx, rest, o)
+	case "snapshot", "snapshots", "snap":
+		return snapshotCmd(ctx, rest, o)
 	case "exec":
 		return execCmd(ctx, rest, o)
 	case "template", "templates":

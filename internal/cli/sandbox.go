@@ -34,7 +34,7 @@ func printJSON(w io.Writer, v any) error {
 
 func sandboxCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: space sandbox create|list|get|pause|suspend|wake|delete", errUsage)
+		return fmt.Errorf("%w: space sandbox create|list|get|pause|suspend|wake|fork|delete", errUsage)
 	}
 	var cf clientFlags
 	fs := flag.NewFlagSet("space sandbox "+args[0], flag.ContinueOnError)
@@ -42,6 +42,7 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 	wait := fs.Bool("wait", false, "wait for the operation to finish (lifecycle verbs, create)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long --wait waits")
 	key := fs.String("idempotency-key", "", "Idempotency-Key to send (default: a new random key)")
+	count := fs.Int("count", 1, "how many copies (fork, 1–16)")
 	var req client.CreateSandboxRequest
 	env, meta := kvFlag{}, kvFlag{}
 	var res client.Resources
@@ -175,6 +176,26 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 			fmt.Fprintf(tw, "ERROR\t%s: %s\n", sb.Error.Code, sb.Error.Message)
 		}
 		return tw.Flush()
+	case "fork":
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space sandbox fork SANDBOX_ID [--count N]", errUsage)
+		}
+		op, forks, _, err := c.Fork(ctx, pos[0], *count, *key)
+		if err != nil {
+			return err
+		}
+		werr := waitFor(op)
+		if cf.json {
+			if err := printJSON(o.Stdout, map[string]any{"operation": op, "sandboxes": forks}); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintf(o.Stdout, "operation %s %s %s\n", op.ID, op.Kind, op.State)
+			for _, f := range forks {
+				fmt.Fprintln(o.Stdout, f.ID)
+			}
+		}
+		return werr
 	case "pause", "suspend", "wake", "delete":
 		if len(pos) != 1 {
 			return fmt.Errorf("%w: space sandbox %s SANDBOX_ID", errUsage, args[0])

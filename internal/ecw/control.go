@@ -33,6 +33,10 @@ func (s *Server) routeControl() {
 	h("POST /sandboxes/{sandboxID}/resume", s.resume)
 	h("POST /sandboxes/{sandboxID}/connect", s.connect)
 	h("POST /v2/sandboxes/{sandboxID}/connect", s.connect)
+	h("POST /sandboxes/{sandboxID}/fork", s.fork)
+	h("POST /sandboxes/{sandboxID}/snapshots", s.createSnapshot)
+	h("GET /snapshots", s.listSnapshots)
+	h("DELETE /templates/{templateID}", s.deleteTemplate)
 	h("POST /sandboxes/{sandboxID}/timeout", s.setTimeout)
 	h("POST /sandboxes/{sandboxID}/refreshes", s.refresh)
 	h("GET /sandboxes/{sandboxID}/metrics", s.metrics)
@@ -229,6 +233,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		Template: templateRef(req.TemplateID), Env: req.EnvVars, Metadata: req.Metadata,
 		AutoLifecycle: &sandbox.AutoLifecycle{Timeout: timeout.String(), TimeoutAction: action},
 		Network:       netPolicy,
+	}
+	// Sandbox.create(snapshotId): a snapshot's id as the template starts
+	// from the snapshot ("<id>:default", E2B's tag, is accepted).
+	if id, _, _ := strings.Cut(req.TemplateID, ":"); strings.HasPrefix(id, string(ids.Snapshot)) {
+		creq.Snapshot, creq.Template = id, ""
+		if len(creq.Env) == 0 {
+			creq.Env = nil
+		}
 	}
 	sb, op, err := s.cfg.Engine.Create(r.Context(), creq, nil)
 	if err != nil {
@@ -461,6 +473,67 @@ func (s *Server) wake(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbo
 	}
 	s.log.Info("E2B sandbox resumed", "sandbox_id", sb.ID, "operation_id", op.ID)
 	return edge.JSON(w, http.StatusCreated, s.info(sb, auth.TokenID(r.Context())))
+}
+
+// forkResult is one entry of E2B's fork answer: the sandbox or the error.
+type forkResult struct {
+	Sandbox *sandboxInfo `json:"sandbox,omitempty"`
+	Error   *apiError    `json:"error,omitempty"`
+}
+
+// fork is E2B's fork: count copies of a running sandbox, each with its own
+// timeout (E2B's default: 15 s), answered once they run. SPACE starts all
+// copies or none, so the entries all succeed or all carry the same error.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
+	var body struct {
+		Timeout *int `json:"timeout"`
+		Count   *int `json:"count"`
+	}
+	if err := decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	count := 1
+	if body.Count != nil {
+		count = *body.Count
+	}
+	if count < 1 || count > sandbox.MaxForks {
+		return errdefs.New(errdefs.InvalidArgument, "count must be between 1 and %d", sandbox.MaxForks)
+	}
+	timeout, err := timeoutOf(body.Timeout, 15*time.Second)
+	if err != nil {
+		return err
+	}
+	sb, err := s.sandbox(r)
+	if err != nil {
+		return err
+	}
+	if e2bState(sb.State) != "running" {
+		return errdefs.New(errdefs.Conflict, "Sandbox %q is in %s state", sb.ID, e2bState(sb.State))
+	}
+	op, forks, err := s.cfg.Engine.Fork(r.Context(), sb.ID, count, nil)
+	if err != nil {
+		return conflict(err)
+	}
+	opErr := s.await(r.Context(), op)
+	if opErr != nil && errors.Is(opErr, errdefs.Unavailable) {
+		return opErr // still going: the client may look for the forks later
+	}
+	out := make([]forkResult, 0, len(forks))
+	tokenID := auth.TokenID(r.Context())
+	for _, f := range forks {
+		if opErr == nil {
+			_, opErr = s.cfg.Engine.SetTimeout(r.Context(), f.ID, timeout)
+		}
+		if opErr == nil {
+			info := s.info(f, tokenID)
+			out = append(out, forkResult{Sandbox: &info})
+			continue
+		}
+		status, msg, _ := errdefs.Public(opErr)
+		out = append(out, forkResult{Error: &apiError{Code: status.Status, Message: msg}})
+	}
+	s.log.Info("E2B sandbox forked", "sandbox_id", sb.ID, "operation_id", op.ID, "count", count)
+	return edge.JSON(w, http.StatusCreated, out)
 }
 
 // setTimeout replaces the sandbox's timeout (E2B: POST …/timeout).

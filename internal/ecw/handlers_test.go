@@ -119,6 +119,21 @@ func TestControlHandlers(t *testing.T) {
 		{name: "network: bad body", method: "PUT", path: "/sandboxes/{R}/network", body: `{"allowOut":"all"}`, status: 400},
 		{name: "network: engine refuses", method: "PUT", path: "/sandboxes/{R}/network", body: `{}`, engineFails: errdefs.New(errdefs.FailedPrecondition, "no network"), status: 409},
 		{name: "network", method: "PUT", path: "/sandboxes/{R}/network", body: `{"denyOut":["10.0.0.0/8"]}`, status: 204},
+		{name: "fork: count 0", method: "POST", path: "/sandboxes/{R}/fork", body: `{"count":0}`, status: 400},
+		{name: "fork: count 17", method: "POST", path: "/sandboxes/{R}/fork", body: `{"count":17}`, status: 400},
+		{name: "fork: unknown field", method: "POST", path: "/sandboxes/{R}/fork", body: `{"counts":2}`, status: 400},
+		{name: "fork: not found", method: "POST", path: "/sandboxes/{U}/fork", status: 404},
+		{name: "fork: paused", method: "POST", path: "/sandboxes/{S}/fork", status: 409},
+		{name: "fork", method: "POST", path: "/sandboxes/{R}/fork", body: `{"count":2,"timeout":60}`, status: 201},
+		{name: "snapshot", method: "POST", path: "/sandboxes/{R}/snapshots", body: `{"name":"warm"}`, status: 201},
+		{name: "snapshot: paused", method: "POST", path: "/sandboxes/{S}/snapshots", status: 409},
+		{name: "snapshot: not found", method: "POST", path: "/sandboxes/{U}/snapshots", status: 404},
+		{name: "snapshot: unknown field", method: "POST", path: "/sandboxes/{R}/snapshots", body: `{"tag":"x"}`, status: 400},
+		{name: "list snapshots", method: "GET", path: "/snapshots?sandboxID={R}&limit=10", status: 200},
+		{name: "list snapshots: bad limit", method: "GET", path: "/snapshots?limit=0", status: 400},
+		{name: "list snapshots: unknown parameter", method: "GET", path: "/snapshots?x=1", status: 400},
+		{name: "delete snapshot: not found", method: "DELETE", path: "/templates/snap_aaaaaaaaaaaaaaaaaaaaaaaaaa", status: 404},
+		{name: "delete a template", method: "DELETE", path: "/templates/base", status: 400},
 		{name: "wrong method", method: "PATCH", path: "/sandboxes", status: 405},
 	}
 	for _, tc := range cases {
@@ -141,7 +156,7 @@ func TestControlHandlers(t *testing.T) {
 // no JSON error body whose code the SDKs would read as "sandbox not found".
 func TestUnknownRouteIsNotSandboxNotFound(t *testing.T) {
 	h := newHarness(t)
-	for _, path := range []string{"/snapshots", "/sandboxes/" + ids.New(ids.Sandbox) + "/snapshots", "/v3/anything"} {
+	for _, path := range []string{"/volumes", "/sandboxes/" + ids.New(ids.Sandbox) + "/logs", "/v3/anything"} {
 		req := httptest.NewRequest("GET", path, nil)
 		req.Header.Set("X-API-KEY", h.key)
 		w := h.serve(req)

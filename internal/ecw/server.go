@@ -48,6 +48,11 @@ type Engine interface {
 	Suspend(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
 	Wake(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
 	Delete(ctx context.Context, id string, render lifecycle.Render) (*sandbox.Operation, error)
+	Fork(ctx context.Context, id string, count int, render lifecycle.ForkRender) (*sandbox.Operation, []*sandbox.Sandbox, error)
+	CreateSnapshot(ctx context.Context, id, name string, render lifecycle.SnapshotRender) (*sandbox.Operation, *sandbox.Snapshot, error)
+	GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store.Page[sandbox.Snapshot], error)
+	DeleteSnapshot(ctx context.Context, id string) error
 	WaitOperation(ctx context.Context, id string) (*sandbox.Operation, error)
 	SetTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)
 	ExtendTimeout(ctx context.Context, id string, d time.Duration) (*sandbox.Sandbox, error)

@@ -19,6 +19,7 @@ const (
 	Operation Prefix = "op_"
 	Process   Prefix = "proc_"
 	Token     Prefix = "tok_"
+	Snapshot  Prefix = "snap_"
 )
 
 const (

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"sync"
 	"time"
@@ -25,6 +26,7 @@ import (
 // operations, and warm pools.
 type Store interface {
 	store.Sandboxes
+	store.Snapshots
 	store.Pools
 }
 
@@ -243,6 +245,11 @@ func (e *Engine) Drain(d time.Duration) {
 // they will be committed. Nil means the request carries no idempotency key.
 type Render func(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Completion
 
+// Completion is r's completion for sb and op (nil without a key).
+func (r Render) Completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Completion {
+	return r.completion(sb, op)
+}
+
 func (r Render) completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Completion {
 	if r == nil {
 		return nil
@@ -252,6 +259,13 @@ func (r Render) completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Co
 
 // Create records a new sandbox and its create operation and starts it.
 func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
+	var snap *sandbox.Snapshot
+	if req.Snapshot != "" {
+		var err error
+		if snap, err = e.fromSnapshot(ctx, &req); err != nil {
+			return nil, nil, err
+		}
+	}
 	if err := req.normalize(e.cfg.Limits, e.cfg.DefaultAutoLifecycle, e.cfg.DefaultEgress); err != nil {
 		return nil, nil, err
 	}
@@ -267,18 +281,28 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 		return nil, nil, errdefs.New(errdefs.InvalidArgument, "runtime: %q is not available on this server (available: %v)", rtName, names).
 			WithDetails(map[string]any{"field": "runtime"})
 	}
-	tpl, err := e.cfg.Templates.Resolve(ctx, req.Template)
-	if err != nil {
-		return nil, nil, fmt.Errorf("resolve template %s: %w", req.Template, err)
-	}
-	if sb, op := e.claim(ctx, req, tpl, rtName, render); sb != nil {
-		return sb, op, nil
+	var tpl sandbox.TemplateRef
+	if snap != nil {
+		// The snapshot's template by digest: its tag may have moved since.
+		tpl = snap.Template
+	} else {
+		var err error
+		tpl, err = e.cfg.Templates.Resolve(ctx, req.Template)
+		if err != nil {
+			return nil, nil, fmt.Errorf("resolve template %s: %w", req.Template, err)
+		}
+		if sb, op := e.claim(ctx, req, tpl, rtName, render); sb != nil {
+			return sb, op, nil
+		}
 	}
 	now := e.now()
 	sb := &sandbox.Sandbox{
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rtName,
 		Resources: *req.Resources, Env: req.Env, Metadata: req.Metadata, AutoLifecycle: *req.AutoLifecycle, Network: req.Network,
 		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
+	}
+	if snap != nil {
+		sb.Snapshot, sb.Env = snap.ID, maps.Clone(snap.Env)
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	sb.ActiveOperation = op.ID

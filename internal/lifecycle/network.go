@@ -30,6 +30,15 @@ func (e *Engine) attach(ctx context.Context, rt runtime.Runtime, sb *sandbox.San
 	return nil
 }
 
+// renetwork is a Spec.Renetwork for sb: its network made ready for a start
+// again, as before a restore.
+func (e *Engine) renetwork(rt runtime.Runtime, sb *sandbox.Sandbox) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var spec runtime.Spec
+		return e.attach(ctx, rt, sb, &spec, true)
+	}
+}
+
 // detach removes the sandbox's network, logging a failure (the sandbox is
 // gone either way; the next start's prune retries).
 func (e *Engine) detach(ctx context.Context, id string) {

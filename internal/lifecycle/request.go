@@ -22,6 +22,10 @@ type CreateRequest struct {
 	Metadata      map[string]string      `json:"metadata,omitempty"`
 	AutoLifecycle *sandbox.AutoLifecycle `json:"auto_lifecycle,omitempty"`
 	Network       *sandbox.Network       `json:"network,omitempty"`
+	// Snapshot starts the sandbox from a snapshot instead of booting its
+	// template: it gets the snapshot's template, runtime, resources and
+	// environment.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Limits bound what a create may ask for.

@@ -52,9 +52,21 @@ func (e *Engine) execute(op sandbox.Operation) {
 	}
 	rt, ok := e.runtimes[sb.Runtime]
 	if !ok {
-		e.finish(log, op, start, sandbox.OpFailed,
-			&sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("runtime %q is not available on this server", sb.Runtime)},
-			op.From, nil)
+		gone := &sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("runtime %q is not available on this server", sb.Runtime)}
+		if op.Kind == sandbox.OpSnapshot {
+			e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: gone, SandboxState: op.From,
+				Snapshot: &store.SnapshotOutcome{SnapshotID: op.Snapshot, State: sandbox.SnapshotFailed, Error: gone}})
+			return
+		}
+		if op.Kind == sandbox.OpFork {
+			var others []store.Outcome
+			for _, id := range op.Sandboxes {
+				others = append(others, store.Outcome{SandboxID: id, State: sandbox.Failed, Error: gone})
+			}
+			e.finishFork(log, op, start, sandbox.OpFailed, gone, others)
+			return
+		}
+		e.finish(log, op, start, sandbox.OpFailed, gone, op.From, nil)
 		return
 	}
 	if op.State == sandbox.OpPending {
@@ -63,12 +75,24 @@ func (e *Engine) execute(op sandbox.Operation) {
 			return
 		}
 	}
+	switch op.Kind {
+	case sandbox.OpFork:
+		e.executeFork(ctx, log, op, sb, rt, start)
+		return
+	case sandbox.OpSnapshot:
+		e.executeSnapshot(ctx, log, op, sb, rt, start)
+		return
+	}
 	spec := e.spec(sb)
 	if op.Kind == sandbox.OpCreate || (op.Kind == sandbox.OpWake && op.From == sandbox.Suspended) {
 		err = e.attach(ctx, rt, sb, &spec, true)
 	}
 	if err == nil {
-		err = e.act(ctx, rt, op, spec)
+		if op.Kind == sandbox.OpCreate && sb.Snapshot != "" {
+			err = e.createFromSnapshot(ctx, rt, spec, sb.Snapshot)
+		} else {
+			err = e.act(ctx, rt, op, spec)
+		}
 	}
 	if e.life.Err() != nil {
 		log.Info("operation interrupted by shutdown; it resumes at next start")

@@ -25,6 +25,10 @@ type Spec struct {
 	// Net is the sandbox's network, made by the engine before Create and
 	// Restore and removed after Delete (nil: the sandbox has no network).
 	Net *Net
+	// Renetwork, set by the engine for Snapshot, readies the sandbox's
+	// network for a start again (as before Restore); a runtime that saves a
+	// sandbox by restarting it in place calls it before the restart.
+	Renetwork func(ctx context.Context) error
 }
 
 // NetKind is how a runtime plugs a sandbox into its network.
@@ -120,6 +124,23 @@ type Runtime interface {
 	// agent does not answer). The runtime keeps the connection; callers
 	// must not close it.
 	Agent(ctx context.Context, spec Spec) (*agentclient.Client, error)
+}
+
+// Snapshotter is a runtime that can copy a live sandbox: save its whole
+// state without stopping it, and start new, independent sandboxes from
+// that save (fork; snapshots).
+type Snapshotter interface {
+	// Snapshot saves a running or paused sandbox's memory, kernel or device
+	// state and file system into dir, which must not exist yet and exists
+	// only once the save is complete, and leaves the sandbox as it was.
+	// A failure (a full disk) leaves the sandbox as it was and no dir.
+	// Cost: proportional to the memory the sandbox uses.
+	Snapshot(ctx context.Context, spec Spec, dir string) error
+	// CreateFrom starts a new sandbox spec (its own id, network, resources
+	// equal to the saved sandbox's) from a Snapshot dir, which it only
+	// reads and which may be removed once it returns. Accepts absent or
+	// half-made, like Create.
+	CreateFrom(ctx context.Context, spec Spec, dir string) error
 }
 
 // Templates gives a runtime a template digest's root file system and the

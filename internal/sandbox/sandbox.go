@@ -89,7 +89,13 @@ type Sandbox struct {
 	AutoLifecycle AutoLifecycle     `json:"auto_lifecycle"`
 	// Network is the sandbox's network policy (nil: a record from before
 	// sandboxes had networks, treated as egress none).
-	Network      *Network  `json:"network,omitempty"`
+	Network *Network `json:"network,omitempty"`
+	// ForkOf is the sandbox this one was forked from ("" for one made from
+	// a template).
+	ForkOf string `json:"fork_of,omitempty"`
+	// Snapshot is the snapshot this sandbox was created from ("" for one
+	// made from a template).
+	Snapshot     string    `json:"snapshot,omitempty"`
 	CreatedAt    time.Time `json:"created_at"`
 	UpdatedAt    time.Time `json:"updated_at"`
 	LastActiveAt time.Time `json:"last_active_at"`
@@ -116,9 +122,18 @@ const (
 	OpSuspend OpKind = "suspend"
 	OpWake    OpKind = "wake"
 	OpDelete  OpKind = "delete"
+	// OpFork copies a running or paused sandbox into new ones (its
+	// Sandboxes); the source is left as it was.
+	OpFork OpKind = "fork"
+	// OpSnapshot saves a running or paused sandbox as a snapshot; the
+	// source is left as it was.
+	OpSnapshot OpKind = "snapshot"
 	// OpBuild builds a template; it has no sandbox.
 	OpBuild OpKind = "build"
 )
+
+// MaxForks is how many sandboxes one fork makes at most.
+const MaxForks = 16
 
 // OpState is the progress of an operation.
 type OpState string
@@ -140,7 +155,11 @@ type Operation struct {
 	Kind      OpKind `json:"kind"`
 	SandboxID string `json:"sandbox_id,omitempty"`
 	// Template is the name:tag a build operation makes.
-	Template    string     `json:"template,omitempty"`
+	Template string `json:"template,omitempty"`
+	// Snapshot is the snapshot a snapshot operation makes.
+	Snapshot string `json:"snapshot,omitempty"`
+	// Sandboxes are the new sandboxes a fork operation makes.
+	Sandboxes   []string   `json:"sandboxes,omitempty"`
 	State       OpState    `json:"state"`
 	Error       *ErrorInfo `json:"error"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -189,4 +208,36 @@ type Network struct {
 	// IngressToken reaches the sandbox's ports through the data plane. It
 	// is derived from the sandbox id when a sandbox is shown, never stored.
 	IngressToken string `json:"ingress_token,omitempty"`
+}
+
+// SnapshotState is the progress of a snapshot.
+type SnapshotState string
+
+// The snapshot states.
+const (
+	SnapshotCreating SnapshotState = "creating"
+	SnapshotReady    SnapshotState = "ready"
+	SnapshotFailed   SnapshotState = "failed"
+)
+
+// Snapshot is a saved sandbox: memory, kernel or device state and file
+// system at one instant, immutable, independent of its source. Sandboxes
+// created from it start where it was taken.
+type Snapshot struct {
+	ID        string        `json:"id"`
+	Name      string        `json:"name,omitempty"`
+	SandboxID string        `json:"sandbox_id"`
+	State     SnapshotState `json:"state"`
+	// What a sandbox made from it is: the source's template, runtime,
+	// resources and environment.
+	Template  TemplateRef       `json:"template"`
+	Runtime   string            `json:"runtime"`
+	Resources Resources         `json:"resources"`
+	Env       map[string]string `json:"env"`
+	// SizeBytes is the disk it takes (0 until ready).
+	SizeBytes   int64      `json:"size_bytes"`
+	OperationID string     `json:"operation_id"`
+	Error       *ErrorInfo `json:"error"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
 }

@@ -40,6 +40,14 @@ func Plan(k OpKind, from State) (Transition, error) {
 		case Running, Paused, Suspended, Failed:
 			return Transition{Through: Deleting, To: to}, nil
 		}
+	case OpFork, OpSnapshot:
+		// The source stays as it is; the operation only holds it still.
+		if from == Running || from == Paused {
+			return Transition{Through: from, To: from}, nil
+		}
+		if from == Suspended {
+			return Transition{}, fmt.Errorf("cannot %s a suspended sandbox: wake it first", k)
+		}
 	case OpCreate:
 		return Transition{}, fmt.Errorf("create applies to new sandboxes only")
 	default:

@@ -22,6 +22,7 @@ import (
 // one without the other. Consumers take the role they use, not the Store.
 type Store interface {
 	Sandboxes
+	Snapshots
 	Pools
 	Idempotency
 	Tokens
@@ -49,6 +50,12 @@ type Sandboxes interface {
 	// completes the idempotency key decide returned (nil for none), all in
 	// one transaction, and returns the updated sandbox.
 	BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(sb *sandbox.Sandbox, op *sandbox.Operation) (*Completion, error)) (*sandbox.Sandbox, error)
+	// BeginFork is BeginOperation for a fork of op.SandboxID that also
+	// inserts the new sandboxes forks in the same transaction. When
+	// maxActive > 0 and the forks would take the server past that many
+	// active sandboxes, it stores nothing and returns
+	// errdefs.ResourceExhausted.
+	BeginFork(ctx context.Context, op *sandbox.Operation, forks []*sandbox.Sandbox, maxActive int, decide func(sb *sandbox.Sandbox, op *sandbox.Operation) (*Completion, error)) (*sandbox.Sandbox, error)
 	// CreateOperation records an operation that belongs to no sandbox (a
 	// template build) and completes idem in the same transaction.
 	CreateOperation(ctx context.Context, op *sandbox.Operation, idem *Completion) error
@@ -73,6 +80,28 @@ type Sandboxes interface {
 	CountSandboxes(ctx context.Context) ([]SandboxCount, error)
 	// TouchSandbox sets a sandbox's last_active_at.
 	TouchSandbox(ctx context.Context, id string, at time.Time) error
+}
+
+// Snapshots records saved sandboxes.
+type Snapshots interface {
+	// BeginSnapshot is BeginOperation for a snapshot of op.SandboxID that
+	// also inserts the snapshot record snap in the same transaction.
+	BeginSnapshot(ctx context.Context, op *sandbox.Operation, snap *sandbox.Snapshot, decide func(sb *sandbox.Sandbox, op *sandbox.Operation) (*Completion, error)) (*sandbox.Sandbox, error)
+	// GetSnapshot returns a snapshot, errdefs.NotFound when there is none.
+	GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error)
+	// ListSnapshots returns one page of snapshots in insertion order.
+	ListSnapshots(ctx context.Context, q SnapshotQuery) (Page[sandbox.Snapshot], error)
+	// DeleteSnapshot removes a snapshot's record once check accepts it
+	// (in the same transaction); NotFound when there is none.
+	DeleteSnapshot(ctx context.Context, id string, check func(*sandbox.Snapshot) error) error
+}
+
+// SnapshotQuery selects a page of snapshots.
+type SnapshotQuery struct {
+	SandboxID string // empty: all
+	Name      string // empty: any
+	Cursor    string
+	Limit     int
 }
 
 // Pools records warm-pool settings and claims pool sandboxes.
@@ -112,7 +141,8 @@ type Idempotency interface {
 // so template garbage collection keeps them.
 type TemplateRefs interface {
 	// TemplatesInUse returns the template digests of every sandbox that is
-	// not deleted (warm-pool sandboxes and failed ones included).
+	// not deleted (warm-pool sandboxes and failed ones included) and of
+	// every snapshot.
 	TemplatesInUse(ctx context.Context) (map[string]bool, error)
 }
 
@@ -137,7 +167,27 @@ type Finish struct {
 	Error        *sandbox.ErrorInfo
 	SandboxState sandbox.State
 	SandboxError *sandbox.ErrorInfo
-	At           time.Time
+	// Others are further sandboxes the operation made (a fork's): each
+	// ends in its state, and loses the operation as its active one.
+	Others []Outcome
+	// Snapshot is the outcome of the snapshot a snapshot operation makes.
+	Snapshot *SnapshotOutcome
+	At       time.Time
+}
+
+// SnapshotOutcome is the state a snapshot ends in.
+type SnapshotOutcome struct {
+	SnapshotID string
+	State      sandbox.SnapshotState
+	SizeBytes  int64
+	Error      *sandbox.ErrorInfo
+}
+
+// Outcome is the state one sandbox ends in.
+type Outcome struct {
+	SandboxID string
+	State     sandbox.State
+	Error     *sandbox.ErrorInfo
 }
 
 // SandboxCount is how many sandboxes are in a state.

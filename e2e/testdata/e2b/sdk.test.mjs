@@ -3,7 +3,7 @@
 // E2B_SANDBOX_URL and E2B_API_KEY pointing at a real `space serve`.
 // Every step asserts; the last line printed is "ALL OK".
 import assert from 'node:assert/strict'
-import { Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError, ALL_TRAFFIC } from 'e2b'
+import { Sandbox, Secret, CommandExitError, NotFoundError, SandboxNotFoundError, InvalidArgumentError, ALL_TRAFFIC } from 'e2b'
 import http from 'node:http'
 
 const step = (name) => console.log('ok -', name)
@@ -208,6 +208,64 @@ assert.ok(lastSample.timestamp instanceof Date && lastSample.cpuCount >= 1 && la
 assert.ok(series.some((x) => x.cpuUsedPct > 20), JSON.stringify(series.map((x) => x.cpuUsedPct)))
 step('getMetrics: CPU, memory and disk series after load')
 
+// fork: each copy has the source's files and a process counting on from the
+// fork instant; a write in one copy is seen by no other; each has its own
+// hostname; the source runs on.
+await sbx.files.write('/home/user/fork.txt', 'before')
+const counter = await sbx.commands.run(`sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.1; done'`, { background: true })
+await new Promise((r) => setTimeout(r, 500))
+const count = async (s) => Number((await s.files.read('/tmp/counter')).trim())
+// (E2B gives a fork 15 s unless asked for more: this one is asked for more.)
+const [one] = await sbx.fork({ timeoutMs: 120_000 })
+assert.ok(one instanceof Sandbox, `fork(): ${one}`)
+assert.ok((await Sandbox.getInfo(one.sandboxId)).endAt.getTime() - Date.now() > 60_000, 'the fork has the timeout it asked for')
+assert.equal(await one.files.read('/home/user/fork.txt'), 'before')
+const c0 = await count(one)
+await new Promise((r) => setTimeout(r, 500))
+assert.ok(c0 > 1 && (await count(one)) > c0, 'the counting process runs on in the fork')
+const pair = await sbx.fork({ count: 2, timeoutMs: 60_000 })
+assert.equal(pair.length, 2)
+assert.ok(pair.every((p) => p instanceof Sandbox && p.sandboxId !== sbx.sandboxId), `fork({count: 2}): ${pair}`)
+await pair[0].files.write('/home/user/fork.txt', 'changed in one copy')
+assert.equal(await pair[1].files.read('/home/user/fork.txt'), 'before')
+assert.equal(await sbx.files.read('/home/user/fork.txt'), 'before')
+const hosts = await Promise.all([sbx, one, ...pair].map(async (s) => (await s.commands.run('hostname')).stdout))
+assert.equal(new Set(hosts).size, 4, `hostnames ${hosts}`)
+await assert.rejects(sbx.fork({ count: 17 }), (e) => e instanceof InvalidArgumentError || /400/.test(String(e)))
+await counter.kill()
+for (const f of [one, ...pair]) await f.kill()
+step('fork() and fork({count: 2}): files, a running process, independent copies, own hostnames')
+
+// snapshots: save the running sandbox, start two sandboxes from it (each with
+// its files and the counting process), list, delete; the source's own
+// state is independent.
+await sbx.files.write('/home/user/snap.txt', 'in the snapshot')
+const snapCounter = await sbx.commands.run(`sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/snapcounter.new; mv /tmp/snapcounter.new /tmp/snapcounter; sleep 0.1; done'`, { background: true })
+await new Promise((r) => setTimeout(r, 500))
+const snapshot = await sbx.createSnapshot({ name: 'e2e-warm' })
+assert.match(snapshot.snapshotId, /^snap_/)
+assert.deepEqual(snapshot.names, ['e2e-warm'])
+await sbx.files.write('/home/user/snap.txt', 'after the snapshot')
+const fromSnap = [await Sandbox.create(snapshot.snapshotId, { timeoutMs: 60_000 }), await Sandbox.create(snapshot.snapshotId, { timeoutMs: 60_000 })]
+for (const f of fromSnap) {
+  assert.equal(await f.files.read('/home/user/snap.txt'), 'in the snapshot')
+  const a = Number((await f.files.read('/tmp/snapcounter')).trim())
+  await new Promise((r) => setTimeout(r, 400))
+  assert.ok(a > 1 && Number((await f.files.read('/tmp/snapcounter')).trim()) > a, 'the process runs on in a sandbox from a snapshot')
+}
+const listedSnaps = []
+const snapPager = Sandbox.listSnapshots({ sandboxId: sbx.sandboxId })
+while (snapPager.hasNext) listedSnaps.push(...(await snapPager.nextItems()))
+assert.deepEqual(listedSnaps.map((x) => x.snapshotId), [snapshot.snapshotId])
+assert.deepEqual((await sbx.listSnapshots().nextItems()).map((x) => x.snapshotId), [snapshot.snapshotId])
+assert.equal(await Sandbox.deleteSnapshot(snapshot.snapshotId), true)
+assert.equal(await Sandbox.deleteSnapshot(snapshot.snapshotId), false)
+await assert.rejects(Sandbox.create(snapshot.snapshotId), (e) => /404|not found/i.test(String(e)))
+assert.equal(await fromSnap[0].files.read('/home/user/snap.txt'), 'in the snapshot', 'a sandbox outlives its snapshot')
+await snapCounter.kill()
+for (const f of fromSnap) await f.kill()
+step('createSnapshot, Sandbox.create(snapshotId) twice, listSnapshots, deleteSnapshot')
+
 // pause (a SPACE suspend), state in getInfo and list filters
 const keeper = await sbx.commands.run('sleep 300', { background: true })
 await keeper.disconnect()
@@ -257,8 +315,8 @@ assert.deepEqual(listedSbx.map((s) => s.sandboxId), [extra[1].sandboxId])
 for (const e of extra) await e.kill()
 step('list: newest first, order asc, limit after filters, startedAfter, each once across pages')
 
-// An endpoint SPACE does not have (snapshots, for now) is not "sandbox not found"
-await assert.rejects(Sandbox.listSnapshots().nextItems(), (e) => {
+// An endpoint SPACE does not have (secrets, for now) is not "sandbox not found"
+await assert.rejects(Secret.list().nextItems(), (e) => {
   assert.ok(!(e instanceof SandboxNotFoundError), `an unknown endpoint read as ${e}`)
   assert.match(String(e.message), /404/)
   return true

@@ -31,14 +31,15 @@ type Engine struct {
 	Fail     error
 	NotReady error
 
-	mu  sync.Mutex
-	sbs map[string]*sandbox.Sandbox
-	ops map[string]*sandbox.Operation
+	mu    sync.Mutex
+	sbs   map[string]*sandbox.Sandbox
+	ops   map[string]*sandbox.Operation
+	snaps map[string]*sandbox.Snapshot
 }
 
 // New returns an engine with no sandboxes.
 func New() *Engine {
-	return &Engine{sbs: map[string]*sandbox.Sandbox{}, ops: map[string]*sandbox.Operation{}}
+	return &Engine{sbs: map[string]*sandbox.Sandbox{}, ops: map[string]*sandbox.Operation{}, snaps: map[string]*sandbox.Snapshot{}}
 }
 
 // Add records a sandbox in state.
@@ -135,6 +136,100 @@ func (f *Engine) Wake(ctx context.Context, id string, _ lifecycle.Render) (*sand
 
 func (f *Engine) Delete(ctx context.Context, id string, _ lifecycle.Render) (*sandbox.Operation, error) {
 	return f.step(sandbox.OpDelete, id)
+}
+
+// Fork makes count running copies of a running or paused sandbox at once.
+func (f *Engine) Fork(ctx context.Context, id string, count int, _ lifecycle.ForkRender) (*sandbox.Operation, []*sandbox.Sandbox, error) {
+	if count < 1 || count > sandbox.MaxForks {
+		return nil, nil, errdefs.New(errdefs.InvalidArgument, "count must be between 1 and %d", sandbox.MaxForks)
+	}
+	if f.Fail != nil {
+		return nil, nil, f.Fail
+	}
+	f.mu.Lock()
+	src, err := f.find(id)
+	if err == nil {
+		_, err = sandbox.Plan(sandbox.OpFork, src.State)
+		if err != nil {
+			err = errdefs.Wrap(errdefs.FailedPrecondition, err, "%v", err)
+		}
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	var forks []*sandbox.Sandbox
+	for range count {
+		forks = append(forks, f.Add(sandbox.Running))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := f.op(sandbox.OpFork, id)
+	for _, sb := range forks {
+		sb.ForkOf = id
+		op.Sandboxes = append(op.Sandboxes, sb.ID)
+	}
+	return op, forks, nil
+}
+
+// CreateSnapshot makes a ready snapshot of a running or paused sandbox at once.
+func (f *Engine) CreateSnapshot(ctx context.Context, id, name string, _ lifecycle.SnapshotRender) (*sandbox.Operation, *sandbox.Snapshot, error) {
+	if f.Fail != nil {
+		return nil, nil, f.Fail
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	src, err := f.find(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := sandbox.Plan(sandbox.OpSnapshot, src.State); err != nil {
+		return nil, nil, errdefs.Wrap(errdefs.FailedPrecondition, err, "%v", err)
+	}
+	now := time.Now().UTC()
+	snap := &sandbox.Snapshot{ID: ids.New(ids.Snapshot), Name: name, SandboxID: id, State: sandbox.SnapshotReady, Template: src.Template,
+		Runtime: src.Runtime, Resources: src.Resources, SizeBytes: 4096, CreatedAt: now, UpdatedAt: now}
+	op := f.op(sandbox.OpSnapshot, id)
+	op.Snapshot, snap.OperationID = snap.ID, op.ID
+	f.snaps[snap.ID] = snap
+	c := *snap
+	return op, &c, nil
+}
+
+func (f *Engine) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	snap, ok := f.snaps[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "snapshot %s not found", id)
+	}
+	c := *snap
+	return &c, nil
+}
+
+func (f *Engine) ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store.Page[sandbox.Snapshot], error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var p store.Page[sandbox.Snapshot]
+	for _, s := range f.snaps {
+		if (q.SandboxID == "" || s.SandboxID == q.SandboxID) && (q.Name == "" || s.Name == q.Name || s.ID == q.Name) {
+			p.Items = append(p.Items, *s)
+		}
+	}
+	return p, nil
+}
+
+func (f *Engine) DeleteSnapshot(ctx context.Context, id string) error {
+	if f.Fail != nil {
+		return f.Fail
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.snaps[id]; !ok {
+		return errdefs.New(errdefs.NotFound, "snapshot %s not found", id)
+	}
+	delete(f.snaps, id)
+	return nil
 }
 
 func (f *Engine) UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error) {

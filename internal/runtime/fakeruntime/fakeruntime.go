@@ -344,3 +344,60 @@ func KillSession(sid int) {
 	}
 	syscall.Kill(sid, syscall.SIGKILL)
 }
+
+var _ runtime.Snapshotter = (*Runtime)(nil)
+
+// Snapshot copies the sandbox's root directory into dir (the fake saves
+// files only: its agent's processes are host processes, not copied).
+func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) error {
+	if err := r.step(ctx, "snapshot"); err != nil {
+		return err
+	}
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	r.mu.Lock()
+	st := r.get(spec.SandboxID).Status
+	r.mu.Unlock()
+	if st != runtime.StatusRunning && st != runtime.StatusPaused {
+		return fmt.Errorf("snapshot %s: %w", spec.SandboxID, runtime.ErrNotFound)
+	}
+	tmp := dir + ".tmp"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	if src := r.RootDir(spec.SandboxID); dirExists(src) {
+		if out, err := exec.CommandContext(ctx, "cp", "-a", src, filepath.Join(tmp, "root")).CombinedOutput(); err != nil {
+			os.RemoveAll(tmp)
+			return fmt.Errorf("copy root: %v: %s", err, out)
+		}
+	}
+	return os.Rename(tmp, dir)
+}
+
+// CreateFrom creates a sandbox whose root starts as the snapshot's.
+func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string) error {
+	if err := r.step(ctx, "create_from"); err != nil {
+		return err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("create %s from %s: %w", spec.SandboxID, dir, err)
+	}
+	if saved := filepath.Join(dir, "root"); dirExists(saved) && !dirExists(r.RootDir(spec.SandboxID)) {
+		tmp := r.RootDir(spec.SandboxID) + ".tmp"
+		os.RemoveAll(tmp)
+		if out, err := exec.CommandContext(ctx, "cp", "-a", saved, tmp).CombinedOutput(); err != nil {
+			return fmt.Errorf("copy root: %v: %s", err, out)
+		}
+		if err := os.Rename(tmp, r.RootDir(spec.SandboxID)); err != nil {
+			return err
+		}
+	}
+	return r.Create(ctx, spec)
+}
+
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}

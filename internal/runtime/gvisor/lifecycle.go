@@ -114,34 +114,48 @@ func runscRunning(id string, verbs ...string) bool {
 // same id (a crash during create) is removed and made again.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	// A sandbox directory means an earlier attempt got somewhere: finish or
-	// redo it. Without one (the common case) runsc need not be asked.
-	if _, err := os.Stat(r.sandboxDir(id)); err == nil {
-		st, err := r.state(ctx, spec)
-		if err != nil {
-			return err
-		}
-		if st != nil && st.Status == "running" {
-			return r.ready(ctx, spec, false)
-		}
-		if err := r.destroy(ctx, spec); err != nil {
-			return err
-		}
-	}
-	rootfs, err := r.cfg.Templates.RootfsPath(spec.Template.Digest)
-	if err != nil {
-		return fmt.Errorf("template of %s: %w", id, err)
-	}
-	if err := r.writeBundle(spec, rootfs); err != nil {
-		return fmt.Errorf("write bundle: %w", err)
-	}
-	if _, err := r.endpoint(id); err != nil {
+	if done, err := r.prepare(ctx, spec, ""); done || err != nil {
 		return err
 	}
 	if err := r.start(ctx, spec, "run", "--detach", "--pid-file", r.pidPath(id), "--bundle", r.bundleDir(id), id); err != nil {
 		return err
 	}
 	return r.ready(ctx, spec, true)
+}
+
+// prepare readies a new container's bundle and agent endpoint (with the
+// agent key from keyDir when given). A sandbox directory means an earlier
+// attempt got somewhere: a container already running is finished (done),
+// anything else is removed and made again. Without one (the common case)
+// runsc need not be asked.
+func (r *Runtime) prepare(ctx context.Context, spec runtime.Spec, keyDir string) (done bool, _ error) {
+	id := spec.SandboxID
+	if _, err := os.Stat(r.sandboxDir(id)); err == nil {
+		st, err := r.state(ctx, spec)
+		if err != nil {
+			return false, err
+		}
+		if st != nil && st.Status == "running" {
+			return true, r.ready(ctx, spec, false)
+		}
+		if err := r.destroy(ctx, spec); err != nil {
+			return false, err
+		}
+	}
+	rootfs, err := r.cfg.Templates.RootfsPath(spec.Template.Digest)
+	if err != nil {
+		return false, fmt.Errorf("template of %s: %w", id, err)
+	}
+	if err := r.writeBundle(spec, rootfs); err != nil {
+		return false, fmt.Errorf("write bundle: %w", err)
+	}
+	if keyDir != "" {
+		if err := copyFile(filepath.Join(keyDir, "agent.key"), filepath.Join(r.sandboxDir(id), "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return false, fmt.Errorf("agent key: %w", err)
+		}
+	}
+	_, err = r.endpoint(id)
+	return false, err
 }
 
 // ready waits for a sandbox's agent and starts watching its process;

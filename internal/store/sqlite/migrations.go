@@ -57,4 +57,16 @@ CREATE TABLE warm_pools (
 	updated_at INTEGER NOT NULL
 );
 `,
+	// 3: snapshots of sandboxes.
+	`
+CREATE TABLE snapshots (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	id         TEXT NOT NULL UNIQUE,
+	sandbox_id TEXT NOT NULL,
+	name       TEXT NOT NULL DEFAULT '',
+	state      TEXT NOT NULL,
+	doc        TEXT NOT NULL
+);
+CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, seq);
+`,
 }

@@ -17,15 +17,8 @@ import (
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *store.Completion, maxActive int) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		if maxActive > 0 {
-			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed')`).Scan(&n); err != nil {
-				return fmt.Errorf("count active sandboxes: %w", err)
-			}
-			if n >= maxActive {
-				return errdefs.New(errdefs.ResourceExhausted, "this server holds at most %d active sandboxes; delete or wait for one to go", maxActive).
-					WithDetails(map[string]any{"max_active_sandboxes": maxActive})
-			}
+		if err := checkActive(ctx, tx, maxActive, 1); err != nil {
+			return err
 		}
 		if err := insertSandbox(ctx, tx, sb); err != nil {
 			return err
@@ -35,6 +28,37 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sand
 		}
 		return completeIdem(ctx, tx, idem)
 	})
+}
+
+func (s *Store) BeginFork(ctx context.Context, op *sandbox.Operation, forks []*sandbox.Sandbox, maxActive int, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
+	return s.begin(ctx, op, decide, func(tx *sql.Tx) error {
+		if err := checkActive(ctx, tx, maxActive, len(forks)); err != nil {
+			return err
+		}
+		for _, f := range forks {
+			if err := insertSandbox(ctx, tx, f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// checkActive refuses adding more sandboxes when that would take the server
+// past maxActive active ones (0: no limit).
+func checkActive(ctx context.Context, tx *sql.Tx, maxActive, more int) error {
+	if maxActive <= 0 {
+		return nil
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed')`).Scan(&n); err != nil {
+		return fmt.Errorf("count active sandboxes: %w", err)
+	}
+	if n+more > maxActive {
+		return errdefs.New(errdefs.ResourceExhausted, "this server holds at most %d active sandboxes; delete or wait for one to go", maxActive).
+			WithDetails(map[string]any{"max_active_sandboxes": maxActive})
+	}
+	return nil
 }
 
 func (s *Store) CreateOperation(ctx context.Context, op *sandbox.Operation, idem *store.Completion) error {
@@ -258,8 +282,18 @@ func (s *Store) UnfinishedOperations(ctx context.Context) ([]sandbox.Operation, 
 }
 
 func (s *Store) BeginOperation(ctx context.Context, op *sandbox.Operation, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
+	return s.begin(ctx, op, decide, nil)
+}
+
+// begin is BeginOperation with more writes (also) in the same transaction.
+func (s *Store) begin(ctx context.Context, op *sandbox.Operation, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error), also func(*sql.Tx) error) (*sandbox.Sandbox, error) {
 	var out *sandbox.Sandbox
 	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if also != nil {
+			if err := also(tx); err != nil {
+				return err
+			}
+		}
 		sb, err := getSandbox(ctx, tx, op.SandboxID)
 		if err != nil {
 			return err
@@ -309,6 +343,11 @@ func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
 		if err := updateOperation(ctx, tx, op); err != nil {
 			return err
 		}
+		if f.Snapshot != nil {
+			if err := finishSnapshot(ctx, tx, f.Snapshot, at); err != nil {
+				return err
+			}
+		}
 		if op.SandboxID == "" {
 			return nil
 		}
@@ -321,7 +360,24 @@ func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
 		}
 		sb.SetState(f.SandboxState, at)
 		sb.Error = f.SandboxError
-		return updateSandbox(ctx, tx, sb)
+		if err := updateSandbox(ctx, tx, sb); err != nil {
+			return err
+		}
+		for _, o := range f.Others {
+			other, err := getSandbox(ctx, tx, o.SandboxID)
+			if err != nil {
+				return err
+			}
+			if other.ActiveOperation == op.ID {
+				other.ActiveOperation = ""
+			}
+			other.SetState(o.State, at)
+			other.Error = o.Error
+			if err := updateSandbox(ctx, tx, other); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 
@@ -374,7 +430,8 @@ func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error
 
 // TemplatesInUse reads the digest out of each live sandbox's document.
 func (s *Store) TemplatesInUse(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT json_extract(doc, '$.template.digest') FROM sandboxes WHERE state != ?`, sandbox.Deleted)
+	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT json_extract(doc, '$.template.digest') FROM sandboxes WHERE state != ?
+		UNION SELECT DISTINCT json_extract(doc, '$.template.digest') FROM snapshots`, sandbox.Deleted)
 	if err != nil {
 		return nil, fmt.Errorf("list template references: %w", err)
 	}

@@ -409,3 +409,138 @@ func testTemplatesInUse(t *testing.T, open Opener) {
 		t.Fatalf("templates in use = %v", used)
 	}
 }
+
+// A fork records its operation on the source and its new sandboxes in one
+// transaction, refuses all of them past the active limit or when decide
+// refuses, and finishes the source and every fork together.
+func testForkAtomic(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	src, srcOp := mustCreate(t, s, sandbox.Starting)
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: srcOp.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	newFork := func() (*sandbox.Operation, []*sandbox.Sandbox) {
+		op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpFork, SandboxID: src.ID, State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
+		var forks []*sandbox.Sandbox
+		for range 2 {
+			f, _ := newSandbox(sandbox.Starting)
+			f.ForkOf, f.ActiveOperation = src.ID, op.ID
+			forks = append(forks, f)
+			op.Sandboxes = append(op.Sandboxes, f.ID)
+		}
+		return op, forks
+	}
+	hold := func(sb *sandbox.Sandbox, op *sandbox.Operation) (*store.Completion, error) {
+		op.From = sb.State
+		sb.ActiveOperation = op.ID
+		return nil, nil
+	}
+	// Past the limit (1 active + 2 > 2): nothing is stored.
+	op, forks := newFork()
+	_, err := s.BeginFork(ctx, op, forks, 2, hold)
+	wantKind(t, err, errdefs.ResourceExhausted)
+	// decide refuses: nothing is stored either.
+	_, err = s.BeginFork(ctx, op, forks, 0, func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error) {
+		return nil, errdefs.New(errdefs.Conflict, "busy")
+	})
+	wantKind(t, err, errdefs.Conflict)
+	for _, f := range forks {
+		if _, err := s.GetSandbox(ctx, f.ID); !errors.Is(err, errdefs.NotFound) {
+			t.Fatalf("a refused fork stored sandbox %s", f.ID)
+		}
+	}
+	if got, _ := s.GetSandbox(ctx, src.ID); got.ActiveOperation != "" {
+		t.Fatal("a refused fork left the source busy")
+	}
+	got, err := s.BeginFork(ctx, op, forks, 3, hold)
+	if err != nil || got.ActiveOperation != op.ID {
+		t.Fatalf("BeginFork = %+v, %v", got, err)
+	}
+	gop, err := s.GetOperation(ctx, op.ID)
+	if err != nil || len(gop.Sandboxes) != 2 || gop.From != sandbox.Running {
+		t.Fatalf("fork operation = %+v, %v", gop, err)
+	}
+	for _, f := range forks {
+		g, err := s.GetSandbox(ctx, f.ID)
+		if err != nil || g.ForkOf != src.ID || g.ActiveOperation != op.ID || g.State != sandbox.Starting {
+			t.Fatalf("fork record = %+v, %v", g, err)
+		}
+	}
+	fin := epoch.Add(time.Minute)
+	bad := &sandbox.ErrorInfo{Code: "internal", Message: "no"}
+	err = s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: fin,
+		Others: []store.Outcome{{SandboxID: forks[0].ID, State: sandbox.Running}, {SandboxID: forks[1].ID, State: sandbox.Failed, Error: bad}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := s.GetSandbox(ctx, src.ID); g.State != sandbox.Running || g.ActiveOperation != "" {
+		t.Fatalf("source after the fork = %+v", g)
+	}
+	if g, _ := s.GetSandbox(ctx, forks[0].ID); g.State != sandbox.Running || g.ActiveOperation != "" || !g.UpdatedAt.Equal(fin) {
+		t.Fatalf("fork 0 after the fork = %+v", g)
+	}
+	if g, _ := s.GetSandbox(ctx, forks[1].ID); g.State != sandbox.Failed || g.Error == nil || g.ActiveOperation != "" {
+		t.Fatalf("fork 1 after the fork = %+v", g)
+	}
+}
+
+// A snapshot is recorded with its operation, finished with it, listed by
+// source, keeps its template in use, and is deleted only when check agrees.
+func testSnapshots(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	src, srcOp := mustCreate(t, s, sandbox.Starting)
+	s.FinishOperation(ctx, store.Finish{OperationID: srcOp.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: epoch})
+	snap := &sandbox.Snapshot{ID: ids.New(ids.Snapshot), Name: "warm", SandboxID: src.ID, State: sandbox.SnapshotCreating,
+		Template: sandbox.TemplateRef{Ref: "snapped:latest", Digest: "sha256:snapped"}, Runtime: "fake", Resources: src.Resources, CreatedAt: epoch, UpdatedAt: epoch}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpSnapshot, SandboxID: src.ID, Snapshot: snap.ID, State: sandbox.OpPending, CreatedAt: epoch, UpdatedAt: epoch}
+	snap.OperationID = op.ID
+	hold := func(sb *sandbox.Sandbox, o *sandbox.Operation) (*store.Completion, error) {
+		o.From, sb.ActiveOperation = sb.State, o.ID
+		return nil, nil
+	}
+	if _, err := s.BeginSnapshot(ctx, op, snap, func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error) {
+		return nil, errdefs.New(errdefs.Conflict, "busy")
+	}); !errors.Is(err, errdefs.Conflict) {
+		t.Fatalf("refused BeginSnapshot: %v", err)
+	}
+	if _, err := s.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatal("a refused snapshot was stored")
+	}
+	if _, err := s.BeginSnapshot(ctx, op, snap, hold); err != nil {
+		t.Fatal(err)
+	}
+	wantKind(t, s.DeleteSnapshot(ctx, snap.ID, func(*sandbox.Snapshot) error { return errdefs.New(errdefs.Conflict, "creating") }), errdefs.Conflict)
+	fin := epoch.Add(time.Minute)
+	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: fin,
+		Snapshot: &store.SnapshotOutcome{SnapshotID: snap.ID, State: sandbox.SnapshotReady, SizeBytes: 1234}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSnapshot(ctx, snap.ID)
+	if err != nil || got.State != sandbox.SnapshotReady || got.SizeBytes != 1234 || !got.UpdatedAt.Equal(fin) || got.Name != "warm" {
+		t.Fatalf("snapshot after finish = %+v, %v", got, err)
+	}
+	if sb, _ := s.GetSandbox(ctx, src.ID); sb.ActiveOperation != "" || sb.State != sandbox.Running {
+		t.Fatalf("source after the snapshot = %+v", sb)
+	}
+	used, err := s.TemplatesInUse(ctx)
+	if err != nil || !used["sha256:snapped"] {
+		t.Fatalf("a snapshot's template is not in use: %v %v", used, err)
+	}
+	for _, q := range []store.SnapshotQuery{{SandboxID: src.ID}, {Name: "warm"}, {}} {
+		page, err := s.ListSnapshots(ctx, q)
+		if err != nil || len(page.Items) != 1 || page.Items[0].ID != snap.ID {
+			t.Fatalf("list %+v = %+v, %v", q, page, err)
+		}
+	}
+	if page, _ := s.ListSnapshots(ctx, store.SnapshotQuery{SandboxID: ids.New(ids.Sandbox)}); len(page.Items) != 0 {
+		t.Fatalf("list of another sandbox's snapshots = %+v", page)
+	}
+	if err := s.DeleteSnapshot(ctx, snap.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	wantKind(t, s.DeleteSnapshot(ctx, snap.ID, nil), errdefs.NotFound)
+}

@@ -34,6 +34,8 @@ func Run(t *testing.T, newDB Factory) {
 		{"ListFilters", testListFilters},
 		{"BadCursorAndLimit", testBadCursorAndLimit},
 		{"BeginOperationAtomic", testBeginOperationAtomic},
+		{"ForkAtomic", testForkAtomic},
+		{"Snapshots", testSnapshots},
 		{"FinishOperation", testFinishOperation},
 		{"UnfinishedOperations", testUnfinishedOperations},
 		{"Idempotency", testIdempotency},

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spacesandbox/space/client"
+)
+
+// snapshotCmd is `space snapshot create|list|get|rm`.
+func snapshotCmd(ctx context.Context, args []string, o Options) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: space snapshot create SANDBOX [--name N] [--wait] | list [--sandbox ID] | rm SNAPSHOT", errUsage)
+	}
+	var cf clientFlags
+	fs := flag.NewFlagSet("space snapshot "+args[0], flag.ContinueOnError)
+	cf.register(fs)
+	name := fs.String("name", "", "a name for the snapshot (create)")
+	wait := fs.Bool("wait", false, "wait until the snapshot is ready (create)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "how long --wait waits")
+	sbID := fs.String("sandbox", "", "only snapshots of this sandbox (list)")
+	limit := fs.Int("limit", 0, "page size (list)")
+	pos, err := parse(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "create":
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space snapshot create SANDBOX_ID [--name N] [--wait]", errUsage)
+		}
+		snap, op, err := c.CreateSnapshot(ctx, pos[0], *name, "")
+		if err != nil {
+			return err
+		}
+		if *wait {
+			wctx, cancel := context.WithTimeout(ctx, *timeout)
+			defer cancel()
+			done, err := c.WaitOperation(wctx, op.ID)
+			if err != nil {
+				return fmt.Errorf("wait for %s: %w", op.ID, err)
+			}
+			*op = *done
+			if op.State != "succeeded" {
+				return fmt.Errorf("snapshot %s failed: %v", snap.ID, op.Error)
+			}
+			snap.State = "ready"
+		}
+		if cf.json {
+			return printJSON(o.Stdout, map[string]any{"snapshot": snap, "operation": op})
+		}
+		fmt.Fprintf(o.Stdout, "snapshot %s %s (operation %s %s)\n", snap.ID, snap.State, op.ID, op.State)
+		return nil
+	case "list", "ls":
+		var all []client.Snapshot
+		cursor := ""
+		for {
+			page, err := c.ListSnapshots(ctx, *sbID, client.ListOptions{Limit: *limit, Cursor: cursor})
+			if err != nil {
+				return err
+			}
+			all = append(all, page.Items...)
+			if page.NextCursor == nil || *limit > 0 {
+				break
+			}
+			cursor = *page.NextCursor
+		}
+		if cf.json {
+			return printJSON(o.Stdout, all)
+		}
+		tw := tabwriter.NewWriter(o.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tNAME\tSTATE\tSANDBOX\tRUNTIME\tSIZE\tCREATED")
+		for _, s := range all {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%s\n", s.ID, s.Name, s.State, s.SandboxID, s.Runtime, float64(s.SizeBytes)/(1<<20), s.CreatedAt.Format(time.RFC3339))
+		}
+		return tw.Flush()
+	case "rm", "delete":
+		if len(pos) == 0 {
+			return fmt.Errorf("%w: space snapshot rm SNAPSHOT_ID…", errUsage)
+		}
+		for _, id := range pos {
+			if err := c.DeleteSnapshot(ctx, id); err != nil {
+				return err
+			}
+			fmt.Fprintf(o.Stdout, "deleted %s\n", id)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: unknown snapshot command %q", errUsage, args[0])
+}

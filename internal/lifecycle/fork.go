@@ -1,0 +1,224 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// ForkRender makes the idempotent response of a fork from its records as
+// they will be committed (nil: no idempotency key).
+type ForkRender func(op *sandbox.Operation, forks []*sandbox.Sandbox) *store.Completion
+
+// Fork records count new sandboxes, copies of sandbox id, and the fork
+// operation that makes them. The copies start "starting"; the operation
+// saves the source once (it goes on where it was, held still only for the
+// save: Snapshotter) and starts every copy from that save. All copies start or none
+// does. A running or paused source can be forked; a suspended one is
+// refused (wake it first).
+func (e *Engine) Fork(ctx context.Context, id string, count int, render ForkRender) (*sandbox.Operation, []*sandbox.Sandbox, error) {
+	if count < 1 || count > sandbox.MaxForks {
+		return nil, nil, errdefs.New(errdefs.InvalidArgument, "count must be between 1 and %d", sandbox.MaxForks).WithDetails(map[string]any{"field": "count"})
+	}
+	if err := e.Ready(); err != nil {
+		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "the server cannot create sandboxes now: %v", err)
+	}
+	src, err := e.copySource(ctx, id, "fork")
+	if err != nil {
+		return nil, nil, err
+	}
+	now := e.now()
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpFork, SandboxID: id, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
+	forks := make([]*sandbox.Sandbox, count)
+	for i := range forks {
+		f := &sandbox.Sandbox{
+			ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: src.Template, Runtime: src.Runtime,
+			Resources: src.Resources, Env: maps.Clone(src.Env), Metadata: maps.Clone(src.Metadata), AutoLifecycle: src.AutoLifecycle,
+			ForkOf: id, CreatedAt: now, UpdatedAt: now, LastActiveAt: now, ActiveOperation: op.ID,
+		}
+		if src.Network != nil {
+			n := *src.Network
+			n.Allow, n.Deny, n.IngressToken = slices.Clone(n.Allow), slices.Clone(n.Deny), ""
+			f.Network = &n
+		}
+		forks[i] = f
+		op.Sandboxes = append(op.Sandboxes, f.ID)
+	}
+	_, err = e.store.BeginFork(ctx, op, forks, e.cfg.MaxActiveSandboxes, func(sb *sandbox.Sandbox, o *sandbox.Operation) (*store.Completion, error) {
+		if err := holdSource(sb, o); err != nil {
+			return nil, err
+		}
+		if render == nil {
+			return nil, nil
+		}
+		return render(o, forks), nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	e.log.Info("sandbox fork accepted", "sandbox_id", id, "operation_id", op.ID, "count", count)
+	e.submit(*op)
+	return op, forks, nil
+}
+
+// copySource loads the sandbox a fork or snapshot copies (verb names the
+// copy in errors): a pool sandbox is not found; a runtime that cannot save a
+// live sandbox is refused up front.
+func (e *Engine) copySource(ctx context.Context, id, verb string) (*sandbox.Sandbox, error) {
+	src, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if src.Pool != "" {
+		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
+	}
+	if rt, ok := e.runtimes[src.Runtime]; ok {
+		if _, ok := rt.(runtime.Snapshotter); !ok {
+			return nil, errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot %s sandboxes on this server", src.Runtime, verb).
+				WithDetails(map[string]any{"runtime": src.Runtime})
+		}
+	}
+	return src, nil
+}
+
+// executeFork saves the source into a directory of the operation's own and
+// starts every copy from it. Each step may run again after a crash: a
+// complete save is kept, a copy already running is kept.
+func (e *Engine) executeFork(ctx context.Context, log interface {
+	Error(string, ...any)
+	Warn(string, ...any)
+}, op sandbox.Operation, srcSb *sandbox.Sandbox, rt runtime.Runtime, start time.Time) {
+	bk := context.WithoutCancel(e.life)
+	dir := filepath.Join(e.cfg.SnapshotRoot, op.ID)
+	defer func() {
+		if e.life.Err() == nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	failAll := func(cause error) {
+		if e.life.Err() != nil {
+			return // shutting down: the next start resumes the fork
+		}
+		opErr := operationError(op, cause)
+		var others []store.Outcome
+		for _, id := range op.Sandboxes {
+			spec := e.forkSpec(bk, id)
+			if err := rt.Delete(bk, spec); err != nil {
+				log.Error("clean up failed fork", "fork_id", id, "err", err)
+			}
+			e.detach(bk, id)
+			os.RemoveAll(spec.SnapshotDir)
+			others = append(others, store.Outcome{SandboxID: id, State: sandbox.Failed, Error: opErr})
+		}
+		// The source is as it was unless the runtime lost it meanwhile.
+		src := op.From
+		if st, err := rt.Recover(bk, e.spec(srcSb)); err == nil && st == runtime.StatusAbsent {
+			src = sandbox.Failed
+		}
+		op.From = src
+		e.finishFork(log, op, start, sandbox.OpFailed, opErr, others)
+	}
+	snap, ok := rt.(runtime.Snapshotter)
+	if !ok {
+		failAll(errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot fork sandboxes", rt.Name()))
+		return
+	}
+	srcSpec := e.spec(srcSb)
+	srcSpec.Renetwork = e.renetwork(rt, srcSb)
+	if srcSb.State == sandbox.Running {
+		e.flush(ctx, rt, srcSpec)
+	}
+	if err := os.MkdirAll(e.cfg.SnapshotRoot, 0o700); err != nil {
+		failAll(fmt.Errorf("make snapshot directory: %w", err))
+		return
+	}
+	t0 := time.Now()
+	if err := snap.Snapshot(ctx, srcSpec, dir); err != nil {
+		log.Error("fork: save the source", "err", err)
+		failAll(err)
+		return
+	}
+	saved := time.Since(t0)
+	// A runtime may have saved the source by restoring it in place (gVisor):
+	// it gets its own address, clock and entropy again.
+	if srcSb.State == sandbox.Running {
+		e.identify(ctx, rt, srcSpec, true)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(op.Sandboxes))
+	for i, id := range op.Sandboxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fsb, err := e.store.GetSandbox(bk, id)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			spec := e.spec(fsb)
+			if err := e.attach(ctx, rt, fsb, &spec, true); err != nil {
+				errs[i] = err
+				return
+			}
+			if err := snap.CreateFrom(ctx, spec, dir); err != nil {
+				errs[i] = fmt.Errorf("start fork %s: %w", id, err)
+				return
+			}
+			e.identify(ctx, rt, spec, true)
+		}()
+	}
+	wg.Wait()
+	if e.life.Err() != nil {
+		return // resumed at the next start
+	}
+	if err := errors.Join(errs...); err != nil {
+		log.Error("fork: start the copies", "err", err)
+		failAll(err)
+		return
+	}
+	var others []store.Outcome
+	for _, id := range op.Sandboxes {
+		others = append(others, store.Outcome{SandboxID: id, State: sandbox.Running})
+	}
+	e.log.Info("sandbox forked", "sandbox_id", op.SandboxID, "operation_id", op.ID, "count", len(op.Sandboxes), "save", saved, "total", time.Since(start))
+	e.finishFork(log, op, start, sandbox.OpSucceeded, nil, others)
+}
+
+// forkSpec is the runtime spec of a fork by id (its record when readable).
+func (e *Engine) forkSpec(ctx context.Context, id string) runtime.Spec {
+	if sb, err := e.store.GetSandbox(ctx, id); err == nil {
+		return e.spec(sb)
+	}
+	return runtime.Spec{SandboxID: id, SnapshotDir: e.snapshotDir(id)}
+}
+
+// finishFork records a fork's outcome: the source back as it was, each copy
+// in its state.
+func (e *Engine) finishFork(log interface{ Error(string, ...any) }, op sandbox.Operation, start time.Time, state sandbox.OpState, opErr *sandbox.ErrorInfo, others []store.Outcome) {
+	e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: state, Error: opErr, SandboxState: op.From, Others: others})
+}
+
+// finishWith records an operation's outcome f (its time is now).
+func (e *Engine) finishWith(log interface{ Error(string, ...any) }, op sandbox.Operation, start time.Time, f store.Finish) {
+	f.At = e.now()
+	if err := e.store.FinishOperation(context.WithoutCancel(e.life), f); err != nil {
+		log.Error("record operation outcome", "err", err)
+		return
+	}
+	op.State = f.State
+	e.notifyFinished()
+	e.observe(op, time.Since(start))
+	e.log.Info("operation finished", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind, "state", f.State, "duration", time.Since(start))
+}

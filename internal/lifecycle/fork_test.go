@@ -1,0 +1,143 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+func TestFork(t *testing.T) { synctest.Test(t, testFork) }
+
+func testFork(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	op, forks, err := w.eng.Fork(ctx, src.ID, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op.Kind != sandbox.OpFork || op.SandboxID != src.ID || len(forks) != 3 || len(op.Sandboxes) != 3 {
+		t.Fatalf("fork = %+v, %d sandboxes", op, len(forks))
+	}
+	for _, f := range forks {
+		if f.State != sandbox.Starting || f.ForkOf != src.ID || f.Template != src.Template || f.Resources != src.Resources {
+			t.Fatalf("fork record %+v", f)
+		}
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("fork op = %+v", got)
+	}
+	for _, f := range forks {
+		sb, err := w.eng.Get(ctx, f.ID)
+		if err != nil || sb.State != sandbox.Running || sb.ActiveOperation != "" {
+			t.Fatalf("fork %s after the operation: %+v %v", f.ID, sb, err)
+		}
+	}
+	if sb, _ := w.eng.Get(ctx, src.ID); sb.State != sandbox.Running || sb.ActiveOperation != "" {
+		t.Fatalf("source after the fork: %+v", sb)
+	}
+	// Each fork is a sandbox like any other.
+	if d, err := w.eng.Delete(ctx, forks[0].ID, nil); err != nil || wait(t, w, d.ID).State != sandbox.OpSucceeded {
+		t.Fatalf("delete a fork: %v", err)
+	}
+}
+
+func TestForkRefusals(t *testing.T) { synctest.Test(t, testForkRefusals) }
+
+func testForkRefusals(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	for _, n := range []int{0, 17, -1} {
+		if _, _, err := w.eng.Fork(ctx, src.ID, n, nil); !errors.Is(err, errdefs.InvalidArgument) {
+			t.Errorf("count %d: %v, want invalid_argument", n, err)
+		}
+	}
+	sus, err := w.eng.Suspend(ctx, src.ID, nil)
+	if err != nil || wait(t, w, sus.ID).State != sandbox.OpSucceeded {
+		t.Fatal(err)
+	}
+	if _, _, err := w.eng.Fork(ctx, src.ID, 1, nil); !errors.Is(err, errdefs.FailedPrecondition) {
+		t.Errorf("fork of a suspended sandbox: %v, want failed_precondition", err)
+	}
+	page, _ := w.eng.List(ctx, store.SandboxQuery{})
+	if len(page.Items) != 1 {
+		t.Fatalf("%d sandboxes after refused forks, want 1", len(page.Items))
+	}
+}
+
+// FAKE-runtime fault injection: a save that fails (a full disk) leaves the
+// source as it was and every copy failed with the reason; so does a copy
+// that cannot start.
+func TestForkFailureInjectedLeavesSourceRunning(t *testing.T) {
+	synctest.Test(t, testForkFailureInjectedLeavesSourceRunning)
+}
+
+func testForkFailureInjectedLeavesSourceRunning(t *testing.T) {
+	for _, step := range []string{"snapshot", "create_from"} {
+		w := newWorld(t, t.TempDir(), fakeruntime.Config{Fail: map[string]bool{step: true}})
+		ctx := context.Background()
+		src := create(t, w)
+		op, forks, err := w.eng.Fork(ctx, src.ID, 2, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := wait(t, w, op.ID); got.State != sandbox.OpFailed || got.Error == nil {
+			t.Fatalf("%s: fork op = %+v", step, got)
+		}
+		if state(t, w, src.ID) != sandbox.Running {
+			t.Fatalf("%s: source not running after a failed fork", step)
+		}
+		for _, f := range forks {
+			sb, _ := w.eng.Get(ctx, f.ID)
+			if sb.State != sandbox.Failed || sb.Error == nil || sb.ActiveOperation != "" {
+				t.Fatalf("%s: fork after a failed fork: %+v", step, sb)
+			}
+		}
+		// The source takes operations again.
+		if p, err := w.eng.Pause(ctx, src.ID, nil); err != nil || wait(t, w, p.ID).State != sandbox.OpSucceeded {
+			t.Fatalf("%s: pause the source after a failed fork: %v", step, err)
+		}
+	}
+}
+
+// A fork the server was stopped in the middle of finishes at the next
+// start.
+func TestForkResumesAfterRestart(t *testing.T) { synctest.Test(t, testForkResumesAfterRestart) }
+
+func testForkResumesAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorld(t, dir, fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	w.close()
+	w = newWorld(t, dir, fakeruntime.Config{Delay: time.Hour})
+	op, forks, err := w.eng.Fork(ctx, src.ID, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		got, _ := w.eng.Operation(ctx, op.ID)
+		if got.State == sandbox.OpRunning {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w.close()
+	w2 := newWorld(t, dir, fakeruntime.Config{})
+	if got := wait(t, w2, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("resumed fork = %+v", got)
+	}
+	for _, f := range forks {
+		if state(t, w2, f.ID) != sandbox.Running {
+			t.Fatalf("fork %s not running after the resumed fork", f.ID)
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"testing/synctest"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// A snapshot outlives its source and a server restart, and sandboxes made
+// from it start with its files (the FAKE runtime saves files only).
+func TestSnapshotRoundTrip(t *testing.T) { synctest.Test(t, testSnapshotRoundTrip) }
+
+func testSnapshotRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorld(t, dir, fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	os.MkdirAll(w.rt.RootDir(src.ID), 0o755)
+	if err := os.WriteFile(filepath.Join(w.rt.RootDir(src.ID), "state.txt"), []byte("warm"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	op, snap, err := w.eng.CreateSnapshot(ctx, src.ID, "warm-env", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.State != sandbox.SnapshotCreating || op.Kind != sandbox.OpSnapshot || op.Snapshot != snap.ID || snap.SandboxID != src.ID {
+		t.Fatalf("snapshot = %+v, op %+v", snap, op)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("snapshot op = %+v", got)
+	}
+	got, err := w.eng.GetSnapshot(ctx, snap.ID)
+	if err != nil || got.State != sandbox.SnapshotReady || got.SizeBytes == 0 || got.Resources != src.Resources {
+		t.Fatalf("snapshot after the operation = %+v, %v", got, err)
+	}
+	if state(t, w, src.ID) != sandbox.Running {
+		t.Fatal("source not running after its snapshot")
+	}
+	del, err := w.eng.Delete(ctx, src.ID, nil)
+	if err != nil || wait(t, w, del.ID).State != sandbox.OpSucceeded {
+		t.Fatalf("delete the source: %v", err)
+	}
+	w.close()
+	w = newWorld(t, dir, fakeruntime.Config{})
+	for range 2 {
+		sb, cop, err := w.eng.Create(ctx, lifecycle.CreateRequest{Snapshot: snap.ID, Metadata: map[string]string{"from": "snapshot"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := wait(t, w, cop.ID); o.State != sandbox.OpSucceeded {
+			t.Fatalf("create from the snapshot: %+v", o)
+		}
+		if sb.Snapshot != snap.ID || sb.Template != src.Template || sb.Resources != src.Resources {
+			t.Fatalf("sandbox from the snapshot: %+v", sb)
+		}
+		if b, err := os.ReadFile(filepath.Join(w.rt.RootDir(sb.ID), "state.txt")); err != nil || string(b) != "warm" {
+			t.Fatalf("file from the snapshot: %q %v", b, err)
+		}
+	}
+	page, err := w.eng.ListSnapshots(ctx, store.SnapshotQuery{SandboxID: src.ID})
+	if err != nil || len(page.Items) != 1 || page.Items[0].ID != snap.ID {
+		t.Fatalf("list by source: %+v %v", page, err)
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "snapshots", snap.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("snapshot image left after delete: %v", err)
+	}
+	if _, _, err := w.eng.Create(ctx, lifecycle.CreateRequest{Snapshot: snap.ID}, nil); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("create from a deleted snapshot: %v", err)
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("delete twice: %v", err)
+	}
+}
+
+func TestSnapshotRefusals(t *testing.T) { synctest.Test(t, testSnapshotRefusals) }
+
+func testSnapshotRefusals(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	if _, _, err := w.eng.CreateSnapshot(ctx, src.ID, "bad name!", nil); !errors.Is(err, errdefs.InvalidArgument) {
+		t.Errorf("bad name: %v", err)
+	}
+	op, snap, err := w.eng.CreateSnapshot(ctx, src.ID, "", nil)
+	if err != nil || wait(t, w, op.ID).State != sandbox.OpSucceeded {
+		t.Fatal(err)
+	}
+	for name, req := range map[string]lifecycle.CreateRequest{
+		"malformed id":    {Snapshot: "snap_nope"},
+		"other resources": {Snapshot: snap.ID, Resources: &sandbox.Resources{MemoryMiB: 1024}},
+		"other template":  {Snapshot: snap.ID, Template: "other:latest"},
+		"other runtime":   {Snapshot: snap.ID, Runtime: "gvisor"},
+		"its own env":     {Snapshot: snap.ID, Env: map[string]string{"A": "b"}},
+	} {
+		if _, _, err := w.eng.Create(ctx, req, nil); !errors.Is(err, errdefs.InvalidArgument) {
+			t.Errorf("%s: %v, want invalid_argument", name, err)
+		}
+	}
+	if _, _, err := w.eng.Create(ctx, lifecycle.CreateRequest{Snapshot: "snap_aaaaaaaaaaaaaaaaaaaaaaaaaa"}, nil); !errors.Is(err, errdefs.NotFound) {
+		t.Errorf("unknown snapshot: %v", err)
+	}
+	// Same resources, spelled out, are fine.
+	if _, cop, err := w.eng.Create(ctx, lifecycle.CreateRequest{Snapshot: snap.ID, Resources: &sandbox.Resources{VCPUs: src.Resources.VCPUs}}, nil); err != nil || wait(t, w, cop.ID).State != sandbox.OpSucceeded {
+		t.Errorf("create with the snapshot's resources: %v", err)
+	}
+	sus, err := w.eng.Suspend(ctx, src.ID, nil)
+	if err != nil || wait(t, w, sus.ID).State != sandbox.OpSucceeded {
+		t.Fatal(err)
+	}
+	if _, _, err := w.eng.CreateSnapshot(ctx, src.ID, "", nil); !errors.Is(err, errdefs.FailedPrecondition) {
+		t.Errorf("snapshot of a suspended sandbox: %v", err)
+	}
+}
+
+// FAKE-runtime fault injection: a save that fails leaves the source running
+// and the snapshot failed with the reason, and a failed snapshot cannot be
+// used.
+func TestSnapshotFailureInjected(t *testing.T) { synctest.Test(t, testSnapshotFailureInjected) }
+
+func testSnapshotFailureInjected(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{Fail: map[string]bool{"snapshot": true}})
+	ctx := context.Background()
+	src := create(t, w)
+	op, snap, err := w.eng.CreateSnapshot(ctx, src.ID, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpFailed {
+		t.Fatalf("op = %+v", got)
+	}
+	if got, _ := w.eng.GetSnapshot(ctx, snap.ID); got.State != sandbox.SnapshotFailed || got.Error == nil {
+		t.Fatalf("snapshot = %+v", got)
+	}
+	if state(t, w, src.ID) != sandbox.Running {
+		t.Fatal("source not running")
+	}
+	if _, _, err := w.eng.Create(ctx, lifecycle.CreateRequest{Snapshot: snap.ID}, nil); !errors.Is(err, errdefs.FailedPrecondition) {
+		t.Fatalf("create from a failed snapshot: %v", err)
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatalf("delete a failed snapshot: %v", err)
+	}
+}

@@ -1,0 +1,124 @@
+package sqlite
+
+// This file is store.Snapshots: saved sandboxes.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+func (s *Store) BeginSnapshot(ctx context.Context, op *sandbox.Operation, snap *sandbox.Snapshot, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
+	return s.begin(ctx, op, decide, func(tx *sql.Tx) error { return writeSnapshot(ctx, tx, snap, true) })
+}
+
+func writeSnapshot(ctx context.Context, tx *sql.Tx, snap *sandbox.Snapshot, insert bool) error {
+	doc, err := json.Marshal(snap)
+	if err != nil {
+		return fmt.Errorf("encode snapshot: %w", err)
+	}
+	if insert {
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, name, state, doc) VALUES (?, ?, ?, ?, ?)`, snap.ID, snap.SandboxID, snap.Name, snap.State, doc)
+		if isUnique(err) {
+			return errdefs.Wrap(errdefs.Conflict, err, "snapshot %s already exists", snap.ID)
+		}
+	} else {
+		_, err = tx.ExecContext(ctx, `UPDATE snapshots SET state = ?, doc = ? WHERE id = ?`, snap.State, doc, snap.ID)
+	}
+	if err != nil {
+		return fmt.Errorf("write snapshot: %w", err)
+	}
+	return nil
+}
+
+func getSnapshot(ctx context.Context, q querier, id string) (*sandbox.Snapshot, error) {
+	var doc []byte
+	err := q.QueryRowContext(ctx, `SELECT doc FROM snapshots WHERE id = ?`, id).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.New(errdefs.NotFound, "snapshot %s not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot: %w", err)
+	}
+	var snap sandbox.Snapshot
+	if err := json.Unmarshal(doc, &snap); err != nil {
+		return nil, fmt.Errorf("decode snapshot %s: %w", id, err)
+	}
+	return &snap, nil
+}
+
+func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
+	return getSnapshot(ctx, s.r, id)
+}
+
+func (s *Store) ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store.Page[sandbox.Snapshot], error) {
+	var page store.Page[sandbox.Snapshot]
+	after, err := store.DecodeCursor(q.Cursor)
+	if err != nil {
+		return page, err
+	}
+	limit, err := store.NormalizeLimit(q.Limit)
+	if err != nil {
+		return page, err
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT seq, doc FROM snapshots WHERE (? = '' OR sandbox_id = ?) AND (? = '' OR name = ?) AND seq > ? ORDER BY seq LIMIT ?`,
+		q.SandboxID, q.SandboxID, q.Name, q.Name, after, limit+1)
+	if err != nil {
+		return page, fmt.Errorf("list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var lastSeq int64
+	for rows.Next() {
+		var seq int64
+		var doc []byte
+		if err := rows.Scan(&seq, &doc); err != nil {
+			return page, fmt.Errorf("scan snapshot: %w", err)
+		}
+		if len(page.Items) == limit {
+			page.Next = store.EncodeCursor(lastSeq)
+			break
+		}
+		var snap sandbox.Snapshot
+		if err := json.Unmarshal(doc, &snap); err != nil {
+			return page, fmt.Errorf("decode snapshot: %w", err)
+		}
+		page.Items = append(page.Items, snap)
+		lastSeq = seq
+	}
+	return page, rows.Err()
+}
+
+func (s *Store) DeleteSnapshot(ctx context.Context, id string, check func(*sandbox.Snapshot) error) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		snap, err := getSnapshot(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if check != nil {
+			if err := check(snap); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id); err != nil {
+			return fmt.Errorf("delete snapshot: %w", err)
+		}
+		return nil
+	})
+}
+
+// finishSnapshot records a snapshot operation's outcome on its snapshot.
+func finishSnapshot(ctx context.Context, tx *sql.Tx, o *store.SnapshotOutcome, at time.Time) error {
+	snap, err := getSnapshot(ctx, tx, o.SnapshotID)
+	if err != nil {
+		return err
+	}
+	snap.State, snap.SizeBytes, snap.Error, snap.UpdatedAt = o.State, o.SizeBytes, o.Error, at
+	return writeSnapshot(ctx, tx, snap, false)
+}
