@@ -258,7 +258,11 @@ func (a *Agent) sudoLaunch(req sudoRequest, uid, gid int) (sudoRun, error) {
 	if err != nil {
 		return sudoRun{}, fmt.Errorf("%s: command not found", argv[0])
 	}
-	switch pol.decide(caller, a.groupNames(caller), target.name, exe) {
+	groups := a.groupNames(caller)
+	if (req.PreserveEnv || len(req.Keep) > 0) && !pol.allowsAll(caller, groups, target.name) {
+		return sudoRun{}, errors.New("sorry, you are not allowed to preserve the environment")
+	}
+	switch pol.decide(caller, groups, target.name, exe) {
 	case sudoDenied:
 		return sudoRun{}, fmt.Errorf("%s is not in the sudoers file", caller.name)
 	case sudoNotAllowed:
@@ -353,6 +357,9 @@ func sudoEnv(req sudoRequest, caller, target account, securePath string) []strin
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
 			continue
+		}
+		if strings.HasPrefix(k, "LD_") {
+			continue // never, as sudo: a preload runs as the target
 		}
 		if req.PreserveEnv || sudoKeepEnv(k) || contains(req.Keep, k) {
 			m[k] = v

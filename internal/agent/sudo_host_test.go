@@ -159,6 +159,7 @@ func TestSudoHelperFollowsSudoers(t *testing.T) {
 		{"login shell in the target's home", 61000, []string{"-i", "pwd"}, "/root\n", "", 0},
 		{"shell runs a command line", 61000, []string{"-s", "echo", "a b"}, "a b\n", "", 0},
 		{"unsupported option", 61000, []string{"-b", "true"}, "", "", 1},
+		{"-E needs a rule for every command", 61001, []string{"-E", "id", "-u"}, "", "sudo: sorry, you are not allowed to preserve the environment\n", 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -176,7 +177,7 @@ func TestSudoHelperStdinAndEnvironment(t *testing.T) {
 	if code != 0 || out != "piped in\n" {
 		t.Fatalf("sudo cat: %d %q", code, out)
 	}
-	env := []string{"FOO=bar", "TERM=xterm", "HOME=/home/user", "PATH=/tmp/evil:/usr/bin:/bin"}
+	env := []string{"FOO=bar", "TERM=xterm", "HOME=/home/user", "PATH=/tmp/evil:/usr/bin:/bin", "LD_PRELOAD=/tmp/evil.so"}
 	out, _, _ = h.sudo(t, 61000, "", env, "env")
 	vars := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -194,7 +195,7 @@ func TestSudoHelperStdinAndEnvironment(t *testing.T) {
 		t.Errorf("sudo env kept FOO without -E")
 	}
 	out, _, _ = h.sudo(t, 61000, "", env, "-E", "env")
-	if !strings.Contains(out, "FOO=bar\n") || !strings.Contains(out, "HOME=/home/user\n") || strings.Contains(out, "/tmp/evil") {
+	if !strings.Contains(out, "FOO=bar\n") || !strings.Contains(out, "HOME=/home/user\n") || strings.Contains(out, "/tmp/evil") || strings.Contains(out, "LD_PRELOAD") {
 		t.Errorf("sudo -E env: %s", out)
 	}
 	out, _, _ = h.sudo(t, 61000, "", env, "--preserve-env=FOO", "env")

@@ -222,6 +222,26 @@ func (p *sudoPolicy) decide(caller account, groupNames []string, target, path st
 	return verdict
 }
 
+// allowsAll reports whether a rule lets caller run every command as target
+// without a password (what keeping the environment, -E, needs: with a
+// rule for some commands only, a kept LD_PRELOAD or PATH would run
+// anything).
+func (p *sudoPolicy) allowsAll(caller account, groupNames []string, target string) bool {
+	if caller.uid == 0 {
+		return true
+	}
+	for _, r := range p.rules {
+		runas := r.runas
+		if runas == nil {
+			runas = []string{"root"}
+		}
+		if r.nopasswd && r.names(caller, groupNames) && contains(r.cmds, "ALL") && (contains(runas, "ALL") || contains(runas, target)) {
+			return true
+		}
+	}
+	return false
+}
+
 func (r sudoRule) names(caller account, groupNames []string) bool {
 	for _, w := range r.who {
 		switch {
