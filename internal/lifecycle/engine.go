@@ -65,7 +65,8 @@ type Config struct {
 	// means the first of Runtimes.
 	DefaultRuntime string
 	Templates      Templates
-	// SnapshotRoot holds one directory per sandbox for suspend snapshots.
+	// SnapshotRoot holds one directory per sandbox for suspend snapshots,
+	// one per snapshot (snap_…) and one per fork in flight (op_…).
 	SnapshotRoot string
 	Logger       *slog.Logger
 	Observer     Observer
