@@ -131,15 +131,25 @@ cat /tmp/fork.txt; hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'
 		}
 	}
 
-	// The source's stream: every line once, in order, to the end.
+	// The source's stream: every line, in order, to the end, with no gap.
+	// Known limit (README): gVisor saves the source and restarts it from
+	// the save, so output it wrote between the save and the restart (a few
+	// milliseconds) is written again; a repeated run of lines is tolerated.
 	tr := &transcript{stdout: streamed}
 	collect(t, st, tr, nil)
-	var want strings.Builder
-	for i := 1; i <= lines; i++ {
-		want.WriteString(strconv.Itoa(i) + "\n")
+	next := 1
+	for _, l := range strings.Split(strings.TrimSuffix(string(tr.stdout), "\n"), "\n") {
+		n, err := strconv.Atoi(l)
+		if err != nil || n > next || n < 1 {
+			t.Errorf("source stream across the forks: a gap or garbage at %q (want ≤ %d): %q", l, next, tr.stdout)
+			break
+		}
+		if n == next {
+			next++
+		}
 	}
-	if string(tr.stdout) != want.String() || tr.exitCode == nil || *tr.exitCode != 0 {
-		t.Errorf("source stream across the forks: exit %v, %q", tr.exitCode, tr.stdout)
+	if next != lines+1 || tr.exitCode == nil || *tr.exitCode != 0 {
+		t.Errorf("source stream across the forks: exit %v, up to %d, %q", tr.exitCode, next-1, tr.stdout)
 	}
 
 	// Refusals: counts out of range, an unknown sandbox, a suspended one.

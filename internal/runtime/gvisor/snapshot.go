@@ -73,14 +73,17 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		}
 		return err
 	}
+	// End it at once: what it does between the save and this delete is
+	// done again after the restore (output included), so that window is
+	// kept as short as possible.
+	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
+		return err
+	}
 	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(tmp, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("keep agent key: %w", err)
 	}
 	if err := syncDir(tmp); err != nil {
 		return fmt.Errorf("sync snapshot: %w", err)
-	}
-	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
-		return err
 	}
 	err = nil
 	if spec.Renetwork != nil {
