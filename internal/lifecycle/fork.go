@@ -122,40 +122,17 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 			os.RemoveAll(spec.SnapshotDir)
 			others = append(others, store.Outcome{SandboxID: id, State: sandbox.Failed, Error: opErr})
 		}
-		// The source is as it was unless the runtime lost it meanwhile.
-		src := op.From
-		if st, err := rt.Recover(bk, e.spec(srcSb)); err == nil && st == runtime.StatusAbsent {
-			src = sandbox.Failed
-		}
-		op.From = src
+		op.From = e.sourceAfterFailure(bk, rt, srcSb, op.From)
 		e.finishFork(log, op, start, sandbox.OpFailed, opErr, others)
 	}
-	snap, ok := rt.(runtime.Snapshotter)
-	if !ok {
-		failAll(errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot fork sandboxes", rt.Name()))
-		return
-	}
-	srcSpec := e.spec(srcSb)
-	srcSpec.Renetwork = e.renetwork(rt, srcSb)
-	if srcSb.State == sandbox.Running {
-		e.flush(ctx, rt, srcSpec)
-	}
-	if err := os.MkdirAll(e.cfg.SnapshotRoot, 0o700); err != nil {
-		failAll(fmt.Errorf("make snapshot directory: %w", err))
-		return
-	}
 	t0 := time.Now()
-	if err := snap.Snapshot(ctx, srcSpec, dir); err != nil {
+	snap, err := e.saveSource(ctx, rt, srcSb, dir)
+	if err != nil {
 		log.Error("fork: save the source", "err", err)
 		failAll(err)
 		return
 	}
 	saved := time.Since(t0)
-	// A runtime may have saved the source by restoring it in place (gVisor):
-	// it gets its own address, clock and entropy again.
-	if srcSb.State == sandbox.Running {
-		e.identify(ctx, rt, srcSpec, true)
-	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(op.Sandboxes))
 	for i, id := range op.Sandboxes {
@@ -204,6 +181,41 @@ func (e *Engine) forkSpec(ctx context.Context, id string) runtime.Spec {
 	return runtime.Spec{SandboxID: id, SnapshotDir: e.snapshotDir(id)}
 }
 
+// saveSource saves a fork's or snapshot's source into dir through the
+// runtime's Snapshotter (which it returns) and gives a running source its
+// identity again: a runtime may save it by restoring it in place (gVisor),
+// so its address, clock and entropy are set anew.
+func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, dir string) (runtime.Snapshotter, error) {
+	snap, ok := rt.(runtime.Snapshotter)
+	if !ok {
+		return nil, errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot copy live sandboxes", rt.Name())
+	}
+	spec := e.spec(src)
+	spec.Renetwork = e.renetwork(rt, src)
+	if src.State == sandbox.Running {
+		e.flush(ctx, rt, spec)
+	}
+	if err := os.MkdirAll(e.cfg.SnapshotRoot, 0o700); err != nil {
+		return nil, fmt.Errorf("make snapshot directory: %w", err)
+	}
+	if err := snap.Snapshot(ctx, spec, dir); err != nil {
+		return nil, err
+	}
+	if src.State == sandbox.Running {
+		e.identify(ctx, rt, spec, true)
+	}
+	return snap, nil
+}
+
+// sourceAfterFailure is the state a source ends in after a failed fork or
+// snapshot: as it was (from), unless the runtime lost it meanwhile.
+func (e *Engine) sourceAfterFailure(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, from sandbox.State) sandbox.State {
+	if st, err := rt.Recover(ctx, e.spec(src)); err == nil && st == runtime.StatusAbsent {
+		return sandbox.Failed
+	}
+	return from
+}
+
 // finishFork records a fork's outcome: the source back as it was, each copy
 // in its state.
 func (e *Engine) finishFork(log interface{ Error(string, ...any) }, op sandbox.Operation, start time.Time, state sandbox.OpState, opErr *sandbox.ErrorInfo, others []store.Outcome) {
@@ -220,5 +232,10 @@ func (e *Engine) finishWith(log interface{ Error(string, ...any) }, op sandbox.O
 	op.State = f.State
 	e.notifyFinished()
 	e.observe(op, time.Since(start))
-	e.log.Info("operation finished", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind, "state", f.State, "duration", time.Since(start))
+	if op.SandboxID == "" {
+		e.log.Info("operation finished", "operation_id", op.ID, "kind", op.Kind, "template", op.Template, "state", f.State, "duration", time.Since(start))
+		return
+	}
+	e.log.Info("operation finished", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind,
+		"state", f.State, "sandbox_state", f.SandboxState, "duration", time.Since(start))
 }

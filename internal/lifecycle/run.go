@@ -204,20 +204,5 @@ func operationError(op sandbox.Operation, cause error) *sandbox.ErrorInfo {
 }
 
 func (e *Engine) finish(log interface{ Error(string, ...any) }, op sandbox.Operation, start time.Time, state sandbox.OpState, opErr *sandbox.ErrorInfo, sbState sandbox.State, sbErr *sandbox.ErrorInfo) {
-	err := e.store.FinishOperation(context.WithoutCancel(e.life), store.Finish{
-		OperationID: op.ID, State: state, Error: opErr, SandboxState: sbState, SandboxError: sbErr, At: e.now(),
-	})
-	if err != nil {
-		log.Error("record operation outcome", "err", err)
-		return
-	}
-	op.State = state
-	e.notifyFinished()
-	e.observe(op, time.Since(start))
-	if op.SandboxID == "" {
-		e.log.Info("operation finished", "operation_id", op.ID, "kind", op.Kind, "template", op.Template, "state", state, "duration", time.Since(start))
-		return
-	}
-	e.log.Info("operation finished", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind,
-		"state", state, "sandbox_state", sbState, "duration", time.Since(start))
+	e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: state, Error: opErr, SandboxState: sbState, SandboxError: sbErr})
 }

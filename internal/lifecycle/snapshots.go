@@ -94,34 +94,14 @@ func (e *Engine) executeSnapshot(ctx context.Context, log interface {
 		}
 		opErr := operationError(op, cause)
 		os.RemoveAll(dir)
-		from := op.From
-		if st, err := rt.Recover(bk, e.spec(src)); err == nil && st == runtime.StatusAbsent {
-			from = sandbox.Failed
-		}
+		from := e.sourceAfterFailure(bk, rt, src, op.From)
 		e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: opErr, SandboxState: from,
 			Snapshot: &store.SnapshotOutcome{SnapshotID: op.Snapshot, State: sandbox.SnapshotFailed, Error: opErr}})
 	}
-	snap, ok := rt.(runtime.Snapshotter)
-	if !ok {
-		fail(errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot snapshot sandboxes", rt.Name()))
-		return
-	}
-	spec := e.spec(src)
-	spec.Renetwork = e.renetwork(rt, src)
-	if src.State == sandbox.Running {
-		e.flush(ctx, rt, spec)
-	}
-	if err := os.MkdirAll(e.cfg.SnapshotRoot, 0o700); err != nil {
-		fail(err)
-		return
-	}
-	if err := snap.Snapshot(ctx, spec, dir); err != nil {
+	if _, err := e.saveSource(ctx, rt, src, dir); err != nil {
 		log.Error("snapshot: save the source", "err", err)
 		fail(err)
 		return
-	}
-	if src.State == sandbox.Running {
-		e.identify(ctx, rt, spec, true) // restored in place (gVisor): its address, clock and entropy again
 	}
 	size := dirSize(dir)
 	e.log.Info("sandbox snapshot saved", "sandbox_id", op.SandboxID, "snapshot_id", op.Snapshot, "bytes", size, "duration", time.Since(start))
