@@ -189,25 +189,39 @@ type Endpoints struct {
 	KeyFile func(id string) string
 	log     *slog.Logger
 
-	mu sync.Mutex // guards m
-	m  map[string]*Endpoint
+	mu   sync.Mutex // guards m, held
+	m    map[string]*Endpoint
+	held map[string]chan struct{} // closed when the hold ends
 }
 
 // NewEndpoints returns an empty set.
 func NewEndpoints(socket func(id string) string, log *slog.Logger) *Endpoints {
-	return &Endpoints{socket: socket, log: log, m: map[string]*Endpoint{}}
+	return &Endpoints{socket: socket, log: log, m: map[string]*Endpoint{}, held: map[string]chan struct{}{}}
 }
 
-// Get returns a sandbox's endpoint, listening first if needed.
+// Get returns a sandbox's endpoint, listening first if needed; it ends a
+// Hold.
 func (s *Endpoints) Get(id string) (*Endpoint, error) {
+	ep, _, err := s.get(id, true)
+	return ep, err
+}
+
+// get is Get; unless release, a held endpoint is not listened on: get
+// returns the channel that closes when the hold ends instead.
+func (s *Endpoints) get(id string, release bool) (*Endpoint, <-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if release {
+		s.release(id)
+	} else if ch, held := s.held[id]; held {
+		return nil, ch, nil
+	}
 	if ep, ok := s.m[id]; ok {
-		return ep, nil
+		return ep, nil, nil
 	}
 	path := s.socket(id)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	keyPath := ""
 	if s.KeyFile != nil {
@@ -215,20 +229,45 @@ func (s *Endpoints) Get(id string) (*Endpoint, error) {
 	}
 	ep, err := ListenBound(path, keyPath, s.log.With("sandbox_id", id))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.m[id] = ep
-	return ep, nil
+	return ep, nil, nil
 }
 
-// Close stops listening for a sandbox's agent and drops its connection.
+// Close stops listening for a sandbox's agent and drops its connection;
+// it ends a Hold.
 func (s *Endpoints) Close(id string) {
+	s.close(id, false)
+}
+
+// Hold is Close that keeps the endpoint closed until the next Get: Client
+// waits meanwhile instead of listening again. A runtime saving a sandbox
+// holds its endpoint, so no caller lets the agent dial in (and start a
+// session the save would catch half-way) before the save is done.
+func (s *Endpoints) Hold(id string) {
+	s.close(id, true)
+}
+
+func (s *Endpoints) close(id string, hold bool) {
 	s.mu.Lock()
 	ep := s.m[id]
 	delete(s.m, id)
+	s.release(id)
+	if hold {
+		s.held[id] = make(chan struct{})
+	}
 	s.mu.Unlock()
 	if ep != nil {
 		ep.Close()
+	}
+}
+
+// release ends a hold of id. Precondition: s.mu held.
+func (s *Endpoints) release(id string) {
+	if ch, ok := s.held[id]; ok {
+		close(ch)
+		delete(s.held, id)
 	}
 }
 
@@ -245,13 +284,23 @@ func (s *Endpoints) CloseAll() {
 	}
 }
 
-// Client returns a sandbox's live agent connection, waiting until ctx ends.
+// Client returns a sandbox's live agent connection, waiting until ctx ends
+// (and while the endpoint is held).
 func (s *Endpoints) Client(ctx context.Context, id string) (*Client, error) {
-	ep, err := s.Get(id)
-	if err != nil {
-		return nil, err
+	for {
+		ep, held, err := s.get(id, false)
+		if err != nil {
+			return nil, err
+		}
+		if ep != nil {
+			return ep.Client(ctx)
+		}
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for the agent to connect: %w", ctx.Err())
+		}
 	}
-	return ep.Client(ctx)
 }
 
 // AnswerTimeout bounds how long Wait lets a connected agent take to answer

@@ -208,22 +208,59 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 		return err
 	}
 	defer q.close()
-	// Close the agent channel while the guest runs, so the agent sees the
-	// host leave at a frame boundary and waits for the next hello.
-	// A paused VM runs on for the moment it takes; so does one a killed
-	// server had already migrated ("postmigrate": QEMU will not migrate it
-	// again before it runs).
-	if st, _ := q.status(ctx); st == "paused" || st == "postmigrate" {
-		if _, err := q.execute(ctx, "cont", nil); err != nil {
-			return err
-		}
+	if _, err := r.leaveAgent(ctx, q, id); err != nil {
+		return err
 	}
-	r.closeEndpoint(id)
-	time.Sleep(20 * time.Millisecond)
 	if err := os.MkdirAll(spec.SnapshotDir, 0o700); err != nil {
 		return err
 	}
-	tmp := statePath(spec) + ".tmp"
+	// The device state is complete once stored: it is the sandbox's state
+	// before QEMU goes, so a server killed from here on finds the sandbox
+	// saved (the RAM file and disk are final: the VM is stopped).
+	if err := writeState(ctx, q, statePath(spec)); err != nil {
+		return err
+	}
+	q.execute(ctx, "quit", nil)
+	r.stopQEMU(ctx, id)
+	if err := removeCgroup(id); err != nil {
+		r.log.Warn("vm: suspend", "sandbox_id", id, "err", err)
+	}
+	for _, p := range []string{r.memPath(id), r.diskPath(id)} {
+		if err := fsync(p); err != nil {
+			return fmt.Errorf("flush %s: %w", filepath.Base(p), err)
+		}
+	}
+	return fsync(spec.SnapshotDir)
+}
+
+// leaveAgent closes the agent channel while the guest runs, so the agent
+// sees the host leave at a frame boundary and waits for the next hello; it
+// returns the run state the VM had. A paused VM runs on for the moment it
+// takes; so does one a killed server had already migrated ("postmigrate":
+// QEMU will not migrate it again before it runs).
+func (r *Runtime) leaveAgent(ctx context.Context, q *qmp, id string) (string, error) {
+	st, err := q.status(ctx)
+	if err != nil {
+		return "", err
+	}
+	if st == "paused" || st == "postmigrate" {
+		if _, err := q.execute(ctx, "cont", nil); err != nil {
+			return st, err
+		}
+	}
+	// Held, not just closed: no caller may listen again (and let the
+	// agent start a session the save would catch half-way) before the
+	// runtime does.
+	r.endpoints.Hold(id)
+	time.Sleep(20 * time.Millisecond)
+	return st, nil
+}
+
+// writeState stops the VM and migrates its device state (not its RAM,
+// which is the RAM file) into path, which exists only once it is complete
+// and flushed. QEMU is left stopped, in "postmigrate" ("cont" runs it on).
+func writeState(ctx context.Context, q *qmp, path string) error {
+	tmp := path + ".tmp"
 	os.Remove(tmp + ".ok")
 	os.Remove(tmp + ".fail")
 	if err := q.run(ctx, qmpStep{"stop", nil}, ignoreShared,
@@ -239,28 +276,14 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 	os.Remove(tmp + ".ok")
 	os.Remove(tmp + ".fail")
 	if err != nil || !ok {
+		os.Remove(tmp)
 		return fmt.Errorf("write device state: %v (cat failed)", err)
 	}
-	// The device state is complete: make it the sandbox's state before
-	// QEMU goes, so a server killed from here on finds the sandbox saved
-	// (the RAM file and disk are final: the VM is stopped).
 	if err := fsync(tmp); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("flush device state: %w", err)
 	}
-	if err := os.Rename(tmp, statePath(spec)); err != nil {
-		return err
-	}
-	q.execute(ctx, "quit", nil)
-	r.stopQEMU(ctx, id)
-	if err := removeCgroup(id); err != nil {
-		r.log.Warn("vm: suspend", "sandbox_id", id, "err", err)
-	}
-	for _, p := range []string{r.memPath(id), r.diskPath(id)} {
-		if err := fsync(p); err != nil {
-			return fmt.Errorf("flush %s: %w", filepath.Base(p), err)
-		}
-	}
-	return fsync(spec.SnapshotDir)
+	return os.Rename(tmp, path)
 }
 
 // Restore starts QEMU over the saved RAM file, loads the device state and

@@ -232,7 +232,9 @@ func (r *Runtime) qemuArgs(spec runtime.Spec, incoming bool) []string {
 		"-machine", "memory-backend=mem",
 		"-kernel", r.cfg.Kernel, "-initrd", r.initramfs, "-append", strings.Join(cmdline, " "),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-		"-serial", "file:" + filepath.Join(r.sandboxDir(id), "console.log"),
+		// Appended to: a restore (a new QEMU) keeps what the guest said before.
+		"-chardev", "file,id=console,append=on,path=" + filepath.Join(r.sandboxDir(id), "console.log"),
+		"-serial", "chardev:console",
 		"-drive", "id=root,file=" + r.diskPath(id) + ",format=qcow2,if=none,discard=unmap",
 		"-device", "virtio-blk-device,drive=root",
 		"-device", "virtio-serial-device",
