@@ -294,12 +294,8 @@ func testBenchQuick(t *testing.T, rt string) {
 			P50  float64
 		}
 	}
-	// Eight rows everywhere; gvisor also forks and creates from a snapshot
-	// (the vm runtime cannot yet, and says so).
-	want := 8
-	if rt == "gvisor" {
-		want = 10
-	}
+	// Ten rows on every runtime, fork and create-from-snapshot included.
+	const want = 10
 	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != rt || len(rep.Rows) != want {
 		t.Fatalf("report = %s (%v)", b, err)
 	}

@@ -51,6 +51,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"RecoverAfterRestart", testRecover},
 		{"Capabilities", testCapabilities},
 		{"AgentAcrossLifecycle", testAgentAcrossLifecycle},
+		{"SnapshotAndCreateFrom", testSnapshot},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newHarness(t)) })
@@ -266,6 +267,86 @@ func testAgentAcrossLifecycle(t *testing.T, h Harness) {
 	oc, _ := h.Runtime.Agent(ctxFor(t, h), other)
 	if _, _, err := oc.ReadFile(ctxFor(t, h), "/root/kept.txt", 0, 100); err == nil {
 		t.Fatal("a file written in one sandbox is visible in another")
+	}
+}
+
+// testSnapshot: a Snapshotter saves a running and a paused sandbox and
+// leaves each as it was; copies made from a save hold its files, and what
+// a copy writes no other sandbox sees.
+func testSnapshot(t *testing.T, h Harness) {
+	snap, ok := h.Runtime.(runtime.Snapshotter)
+	if !ok {
+		t.Skip("the runtime cannot copy live sandboxes")
+	}
+	ctx := ctxFor(t, h)
+	src := newSpec(t, h)
+	cleanup(t, h, src)
+	must(t, "create", h.Runtime.Create(ctx, src))
+	write := func(spec runtime.Spec, text string) {
+		t.Helper()
+		if h.HasAgent {
+			c, err := h.Runtime.Agent(ctx, spec)
+			must(t, "agent", err)
+			_, err = c.WriteFile(ctx, "/root/state.txt", 0o600, strings.NewReader(text), 0)
+			must(t, "write", err)
+		}
+	}
+	read := func(spec runtime.Spec, want string) {
+		t.Helper()
+		if h.HasAgent {
+			c, err := h.Runtime.Agent(ctx, spec)
+			must(t, "agent", err)
+			if _, b, err := c.ReadFile(ctx, "/root/state.txt", 0, 100); err != nil || string(b) != want {
+				t.Fatalf("%s reads %q (%v), want %q", spec.SandboxID, b, err, want)
+			}
+		}
+	}
+	write(src, "saved")
+	running := filepath.Join(t.TempDir(), "running")
+	must(t, "snapshot running", snap.Snapshot(ctx, src, running))
+	expect(t, h, src, runtime.StatusRunning)
+	must(t, "snapshot again (done already)", snap.Snapshot(ctx, src, running))
+	read(src, "saved")
+	write(src, "after the save")
+
+	must(t, "pause", h.Runtime.Pause(ctx, src))
+	paused := filepath.Join(t.TempDir(), "paused")
+	must(t, "snapshot paused", snap.Snapshot(ctx, src, paused))
+	expect(t, h, src, runtime.StatusPaused)
+	must(t, "resume", h.Runtime.Resume(ctx, src))
+
+	var copies []runtime.Spec
+	for _, dir := range []string{running, running, paused} {
+		c := newSpec(t, h)
+		c.Resources = src.Resources
+		cleanup(t, h, c)
+		must(t, "create from "+filepath.Base(dir), snap.CreateFrom(ctx, c, dir))
+		must(t, "create from again (done already)", snap.CreateFrom(ctx, c, dir))
+		expect(t, h, c, runtime.StatusRunning)
+		copies = append(copies, c)
+	}
+	os.RemoveAll(running) // the copies no longer need it
+	read(copies[0], "saved")
+	read(copies[1], "saved")
+	read(copies[2], "after the save")
+	write(copies[0], "copy 0")
+	read(copies[1], "saved")
+	read(src, "after the save")
+	// A copy lives its own life: suspend, restore, delete.
+	must(t, "suspend a copy", h.Runtime.Suspend(ctx, copies[0]))
+	must(t, "restore a copy", h.Runtime.Restore(ctx, copies[0]))
+	read(copies[0], "copy 0")
+	for _, c := range copies {
+		must(t, "delete a copy", h.Runtime.Delete(ctx, c))
+		expect(t, h, c, runtime.StatusAbsent)
+		if h.AssertGone != nil {
+			h.AssertGone(t, c)
+		}
+	}
+	expect(t, h, src, runtime.StatusRunning)
+	read(src, "after the save")
+	if err := snap.Snapshot(ctx, newSpec(t, h), filepath.Join(t.TempDir(), "absent")); err == nil {
+		t.Fatal("snapshot of an absent sandbox succeeded")
 	}
 }
 

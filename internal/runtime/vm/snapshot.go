@@ -4,6 +4,7 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -150,4 +152,183 @@ func copySparse(src, dst string) error {
 		off = hole
 	}
 	return out.Close()
+}
+
+// Live copies (fork, named snapshots): runtime.Snapshotter.
+
+var _ runtime.Snapshotter = (*Runtime)(nil)
+
+// Snapshot saves a running or paused VM into dir and lets it go on: the VM
+// is stopped while its device state is written and its RAM file and disk
+// overlay are copied (reflinks where the file system shares blocks, else
+// only their data extents: the disk overlay holds what the sandbox changed
+// over its template, the RAM file the pages the guest touched), then runs
+// on in its QEMU from the instant of the save: nothing it did is done
+// twice. dir holds vmstate, mem, disk.qcow2 (whose backing file is the
+// template's image or snapshot, kept while a snapshot uses the template)
+// and the agent's key, so a copy's agent proves itself to its own endpoint.
+func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (err error) {
+	id := spec.SandboxID
+	if _, err := os.Stat(dir); err == nil {
+		return nil // saved already (a retry after a crash)
+	}
+	if r.qemuPID(id) == 0 {
+		return fmt.Errorf("snapshot %s: %w", id, runtime.ErrNotFound)
+	}
+	q, err := r.qmp(ctx, id)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	defer q.close()
+	tmp := dir + ".tmp"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	was, err := r.leaveAgent(ctx, q, id)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err = r.copyStopped(ctx, q, id, tmp)
+	// The VM goes on as it was, in its QEMU.
+	bk := context.WithoutCancel(ctx)
+	if err != nil {
+		q.execute(bk, "migrate_cancel", nil)
+	}
+	_, cerr := q.execute(bk, "cont", nil)
+	if _, eerr := r.endpoint(id); eerr == nil {
+		r.reconnectAgent(bk, q, id)
+	}
+	if err == nil && cerr == nil {
+		err = r.waitAgent(ctx, id)
+	}
+	if was == "paused" {
+		q.execute(bk, "stop", nil)
+	}
+	if err != nil {
+		if lowSpace(filepath.Dir(dir)) {
+			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")
+		}
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	r.log.Debug("vm: snapshot", "sandbox_id", id, "held", time.Since(t0))
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	return fsync(filepath.Dir(dir))
+}
+
+// copyStopped stops the VM, writes its device state into dir and copies
+// its RAM file, disk and agent key there, all flushed. QEMU is left
+// stopped.
+func (r *Runtime) copyStopped(ctx context.Context, q *qmp, id, dir string) error {
+	if err := writeState(ctx, q, filepath.Join(dir, "vmstate")); err != nil {
+		return err
+	}
+	// Stopped and migrated: QEMU has flushed the disk and lets go of it
+	// until it runs again, so both files are final.
+	for _, f := range []struct{ from, to string }{{r.memPath(id), "mem"}, {r.diskPath(id), "disk.qcow2"}} {
+		to := filepath.Join(dir, f.to)
+		if err := copySparse(f.from, to); err != nil {
+			return fmt.Errorf("copy %s: %w", f.to, err)
+		}
+		if err := fsync(to); err != nil {
+			return fmt.Errorf("flush %s: %w", f.to, err)
+		}
+	}
+	if err := copyFileSync(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(dir, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("keep agent key: %w", err)
+	}
+	return fsync(dir)
+}
+
+// copyFileSync copies a small file and flushes the copy.
+func copyFileSync(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		return err
+	}
+	return fsync(to)
+}
+
+// CreateFrom starts a new sandbox from a Snapshot dir: a copy of its disk
+// overlay and RAM file of its own (so nothing it writes reaches the source
+// or other copies, and dir may go once it returns), and QEMU loading the
+// saved device state. The engine then gives it its own identity.
+func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string) error {
+	id := spec.SandboxID
+	if _, err := os.Stat(filepath.Join(dir, "vmstate")); err != nil {
+		return fmt.Errorf("create %s from %s: %w", id, dir, err)
+	}
+	if r.qemuPID(id) != 0 && r.vmRunning(ctx, id) {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := r.waitAgent(wctx, id)
+		cancel()
+		if err == nil {
+			r.watch(spec)
+			return nil // made by an earlier attempt
+		}
+	}
+	r.reset(ctx, id)
+	if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
+		return err
+	}
+	for _, f := range []struct{ from, to string }{{"mem", r.memPath(id)}, {"disk.qcow2", r.diskPath(id)}} {
+		if err := copySparse(filepath.Join(dir, f.from), f.to); err != nil {
+			if lowSpace(r.sandboxDir(id)) {
+				return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the snapshot")
+			}
+			return fmt.Errorf("copy %s: %w", f.from, err)
+		}
+	}
+	if err := copyFileSync(filepath.Join(dir, "agent.key"), filepath.Join(r.sandboxDir(id), "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("copy agent key: %w", err)
+	}
+	if err := r.load(ctx, spec, filepath.Join(dir, "vmstate")); err != nil {
+		return err
+	}
+	r.watch(spec)
+	return nil
+}
+
+// reconnectAgent has QEMU dial the agent's endpoint again at once, unless
+// its agent channel is connected already: QEMU's own reconnect timer waits
+// a second, and sometimes never fires again after the host closed the
+// channel while the VM was stopped; replacing the channel's backend with an
+// identical one dials now. Best effort.
+func (r *Runtime) reconnectAgent(ctx context.Context, q *qmp, id string) {
+	raw, err := q.execute(ctx, "query-chardev", nil)
+	if err != nil {
+		return
+	}
+	var devs []struct {
+		Label    string `json:"label"`
+		Filename string `json:"filename"`
+	}
+	json.Unmarshal(raw, &devs)
+	for _, d := range devs {
+		if d.Label == "agent" && !strings.HasPrefix(d.Filename, "disconnected:") {
+			return
+		}
+	}
+	_, err = q.execute(ctx, "chardev-change", map[string]any{"id": "agent", "backend": agentBackend(r.agentPath(id))})
+	if err != nil {
+		r.log.Warn("vm: redial the agent channel", "sandbox_id", id, "err", err)
+	}
+}
+
+// agentBackend is the QMP form of the agent channel's -chardev option.
+func agentBackend(path string) map[string]any {
+	return map[string]any{"type": "socket", "data": map[string]any{
+		"addr":   map[string]any{"type": "unix", "data": map[string]any{"path": path}},
+		"server": false, "reconnect": 1,
+	}}
 }
