@@ -208,10 +208,17 @@ func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbo
 }
 
 // sourceAfterFailure is the state a source ends in after a failed fork or
-// snapshot: as it was (from), unless the runtime lost it meanwhile.
+// snapshot: as it was (from), unless the runtime lost it meanwhile or kept
+// it only as its save (suspended: it wakes from there).
 func (e *Engine) sourceAfterFailure(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, from sandbox.State) sandbox.State {
-	if st, err := rt.Recover(ctx, e.spec(src)); err == nil && st == runtime.StatusAbsent {
+	st, err := rt.Recover(ctx, e.spec(src))
+	switch {
+	case err != nil:
+		return from
+	case st == runtime.StatusAbsent:
 		return sandbox.Failed
+	case st == runtime.StatusSuspended:
+		return sandbox.Suspended
 	}
 	return from
 }

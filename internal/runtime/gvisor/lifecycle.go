@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -240,6 +242,13 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	if err := os.MkdirAll(gdir, 0o700); err != nil {
 		return err
 	}
+	if err := r.roomToSave(spec, gdir, "save"); err != nil {
+		os.RemoveAll(gdir)
+		if wasPaused {
+			r.runsc(ctx, spec, "pause", id)
+		}
+		return err
+	}
 	// The sandbox's process is replaced or ended from here: not a death to
 	// report. Nothing it does after its image is taken may reach a client:
 	// its agent's channel closes first.
@@ -410,4 +419,34 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// roomToSave refuses a checkpoint into dir that the disk may not hold,
+// before it starts: a gVisor checkpoint that fails half-way leaves the
+// sandbox running but unable to reach host sockets, so its agent never
+// answers again. The image holds at most the memory the sandbox's cgroup
+// uses (less: it is compressed), so that much must be free. verb names the
+// save in the error.
+func (r *Runtime) roomToSave(spec runtime.Spec, dir, verb string) error {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/space", spec.SandboxID, "memory.current")) // cgroup v2
+	if err != nil {
+		b, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/space", spec.SandboxID, "memory.usage_in_bytes")) // v1
+	}
+	if err != nil {
+		return nil // no cgroup to ask: try
+	}
+	used, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return nil
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return nil
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if need := used + 16<<20; free < need {
+		return errdefs.New(errdefs.InsufficientStorage, "not enough disk space to %s the sandbox (it uses %d MiB of memory; %d MiB are free); it runs on as before",
+			verb, used>>20, free>>20)
+	}
+	return nil
 }

@@ -60,6 +60,10 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 			r.runsc(context.WithoutCancel(ctx), spec, "pause", id)
 		}
 	}
+	if err := r.roomToSave(spec, tmp, "copy"); err != nil {
+		repause()
+		return err
+	}
 	// From here the sandbox's process is replaced: not a death to report.
 	// The agent's endpoint stays as it is (the same socket file): the
 	// checkpoint drops the agent's connection and the restored agent dials
