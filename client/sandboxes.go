@@ -226,6 +226,7 @@ type Snapshot struct {
 	Runtime     string            `json:"runtime"`
 	Resources   Resources         `json:"resources"`
 	Env         map[string]string `json:"env"`
+	Tag         string            `json:"tag,omitempty"`
 	SizeBytes   int64             `json:"size_bytes"`
 	OperationID string            `json:"operation_id"`
 	Error       *ErrorInfo        `json:"error"`
@@ -261,6 +262,26 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string, o ListOpti
 	}
 	var out List[Snapshot]
 	if _, err := c.Do(ctx, http.MethodGet, "/v1/snapshots", q, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// TagSnapshot makes template reference ref (name:tag) start sandboxes from
+// a ready snapshot: creates of that template, and its warm pool, start
+// from the snapshot. An empty ref removes the snapshot's tag.
+func (c *Client) TagSnapshot(ctx context.Context, id, ref string) (*Snapshot, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty snapshot id")
+	}
+	var out Snapshot
+	var err error
+	if ref == "" {
+		_, err = c.Do(ctx, http.MethodPost, "/v1/snapshots/"+url.PathEscape(id)+":untag", nil, "", nil, &out)
+	} else {
+		_, err = c.Do(ctx, http.MethodPost, "/v1/snapshots/"+url.PathEscape(id)+":tag", nil, "", map[string]string{"template": ref}, &out)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &out, nil

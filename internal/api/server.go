@@ -65,6 +65,7 @@ type Engine interface {
 	GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error)
 	ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store.Page[sandbox.Snapshot], error)
 	DeleteSnapshot(ctx context.Context, id string) error
+	TagSnapshot(ctx context.Context, id, ref string) (*sandbox.Snapshot, error)
 	UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error)
 	Operation(ctx context.Context, id string) (*sandbox.Operation, error)
 	Operations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error)
@@ -138,6 +139,8 @@ func (s *Server) Routes() []Route {
 		{Method: "GET", Pattern: "/v1/snapshots", Auth: true, Handler: s.listSnapshots},
 		{Method: "GET", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.getSnapshot},
 		{Method: "DELETE", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.deleteSnapshot},
+		{Method: "POST", Pattern: "/v1/snapshots/{id}:tag", Auth: true, Handler: s.tagSnapshot(true)},
+		{Method: "POST", Pattern: "/v1/snapshots/{id}:untag", Auth: true, Handler: s.tagSnapshot(false)},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/metrics", Auth: true, Handler: s.getMetrics},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Handler: s.createCommand},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Handler: s.listProcesses},

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"net/http"
 
 	"github.com/spacesandbox/space/internal/edge"
@@ -105,4 +106,38 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, p params
 		}
 		return response{status: http.StatusNoContent}, nil
 	})
+}
+
+// tagSnapshot serves POST /v1/snapshots/{id}:tag {"template": "name:tag"}
+// (tag) and POST /v1/snapshots/{id}:untag (no body): 200 with the
+// snapshot.
+func (s *Server) tagSnapshot(tag bool) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, p params) error {
+		return s.mutate(w, r, func(body []byte, i *idem) (response, error) {
+			id, err := snapshotID(p)
+			if err == nil {
+				_, err = query(r)
+			}
+			var req struct {
+				Template string `json:"template"`
+			}
+			if err == nil && tag {
+				err = decodeJSON(r.Header.Get("Content-Type"), body, &req)
+				if err == nil && req.Template == "" {
+					err = errInvalid("template", "required: the template reference (name:tag) to start from the snapshot")
+				}
+			} else if err == nil && len(bytes.TrimSpace(body)) > 0 && string(bytes.TrimSpace(body)) != "{}" {
+				err = errdefs.New(errdefs.InvalidArgument, ":untag takes no body")
+			}
+			if err != nil {
+				return response{}, err
+			}
+			snap, err := s.engine.TagSnapshot(r.Context(), id, req.Template)
+			if err != nil {
+				return response{}, err
+			}
+			b, err := edge.Marshal(snap)
+			return response{status: http.StatusOK, body: b}, err
+		})
+	}
 }

@@ -13,7 +13,7 @@ import (
 // snapshotCmd is `space snapshot create|list|get|rm`.
 func snapshotCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: space snapshot create SANDBOX [--name N] [--wait] | list [--sandbox ID] | rm SNAPSHOT", errUsage)
+		return fmt.Errorf("%w: space snapshot create SANDBOX [--name N] [--wait] | list [--sandbox ID] | tag SNAPSHOT NAME:TAG | untag SNAPSHOT | rm SNAPSHOT", errUsage)
 	}
 	var cf clientFlags
 	fs := flag.NewFlagSet("space snapshot "+args[0], flag.ContinueOnError)
@@ -76,11 +76,22 @@ func snapshotCmd(ctx context.Context, args []string, o Options) error {
 			return printJSON(o.Stdout, all)
 		}
 		tw := tabwriter.NewWriter(o.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tSTATE\tSANDBOX\tRUNTIME\tSIZE\tCREATED")
+		fmt.Fprintln(tw, "ID\tNAME\tSTATE\tTEMPLATE\tSANDBOX\tRUNTIME\tSIZE\tCREATED")
 		for _, s := range all {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%s\n", s.ID, s.Name, s.State, s.SandboxID, s.Runtime, float64(s.SizeBytes)/(1<<20), s.CreatedAt.Format(time.RFC3339))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%s\n", s.ID, s.Name, s.State, s.Tag, s.SandboxID, s.Runtime, float64(s.SizeBytes)/(1<<20), s.CreatedAt.Format(time.RFC3339))
 		}
 		return tw.Flush()
+	case "tag", "untag":
+		ref := ""
+		if args[0] == "tag" {
+			if len(pos) != 2 {
+				return fmt.Errorf("%w: space snapshot tag SNAPSHOT_ID NAME:TAG", errUsage)
+			}
+			ref = pos[1]
+		} else if len(pos) != 1 {
+			return fmt.Errorf("%w: space snapshot untag SNAPSHOT_ID", errUsage)
+		}
+		return tagSnapshot(ctx, c, pos[0], ref, cf.json, o)
 	case "rm", "delete":
 		if len(pos) == 0 {
 			return fmt.Errorf("%w: space snapshot rm SNAPSHOT_ID…", errUsage)
@@ -94,4 +105,21 @@ func snapshotCmd(ctx context.Context, args []string, o Options) error {
 		return nil
 	}
 	return fmt.Errorf("%w: unknown snapshot command %q", errUsage, args[0])
+}
+
+// tagSnapshot tags a snapshot as template ref ("" untags) and says so.
+func tagSnapshot(ctx context.Context, c *client.Client, id, ref string, asJSON bool, o Options) error {
+	snap, err := c.TagSnapshot(ctx, id, ref)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(o.Stdout, snap)
+	}
+	if ref == "" {
+		fmt.Fprintf(o.Stdout, "snapshot %s is no template now\n", id)
+		return nil
+	}
+	fmt.Fprintf(o.Stdout, "template %s starts from snapshot %s\n", snap.Tag, id)
+	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,7 +22,12 @@ import (
 // `space token`: space template build|list|inspect|tag|rm|gc.
 func templateCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: space template build test|seed | list | inspect NAME:TAG | tag NAME:TAG NEW:TAG | rm NAME:TAG | gc", errUsage)
+		return fmt.Errorf("%w: space template build test|seed | list | inspect NAME:TAG | tag NAME:TAG NEW:TAG | tag --from-snapshot SNAPSHOT NEW:TAG | rm NAME:TAG | gc", errUsage)
+	}
+	if args[0] == "tag" && slices.ContainsFunc(args[1:], func(a string) bool {
+		return strings.HasPrefix(a, "--from-snapshot") || strings.HasPrefix(a, "-from-snapshot")
+	}) {
+		return tagFromSnapshot(ctx, args[1:], o)
 	}
 	fs := flag.NewFlagSet("space template", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
@@ -148,4 +155,26 @@ func templatesInUse(ctx context.Context, dataDir string) (func(string) bool, err
 		return nil, err
 	}
 	return func(d string) bool { return used[d] }, nil
+}
+
+// tagFromSnapshot is `space template tag --from-snapshot SNAPSHOT NAME:TAG`:
+// through the server's API (snapshots live in its store), the template
+// NAME:TAG starts from the snapshot.
+func tagFromSnapshot(ctx context.Context, args []string, o Options) error {
+	var cf clientFlags
+	fs := flag.NewFlagSet("space template tag", flag.ContinueOnError)
+	cf.register(fs)
+	from := fs.String("from-snapshot", "", "the snapshot (snap_…) the template starts from")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if *from == "" || len(pos) != 1 {
+		return fmt.Errorf("%w: space template tag --from-snapshot SNAPSHOT_ID NAME:TAG", errUsage)
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	return tagSnapshot(ctx, c, *from, pos[0], cf.json, o)
 }

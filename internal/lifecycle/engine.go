@@ -261,6 +261,16 @@ func (r Render) completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Co
 // Create records a new sandbox and its create operation and starts it.
 func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
 	var snap *sandbox.Snapshot
+	if req.Snapshot == "" && req.Template != "" {
+		// A snapshot tagged as this template starts it.
+		tagged, err := e.taggedSnapshot(ctx, req.Template)
+		if err != nil {
+			return nil, nil, err
+		}
+		if tagged != nil {
+			req.Snapshot, req.Template = tagged.ID, ""
+		}
+	}
 	if req.Snapshot != "" {
 		var err error
 		if snap, err = e.fromSnapshot(ctx, &req); err != nil {
@@ -286,14 +296,20 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 	if snap != nil {
 		// The snapshot's template by digest: its tag may have moved since.
 		tpl = snap.Template
+		req.Env = maps.Clone(snap.Env)
+		if sb, op := e.claim(ctx, req, snapshotPoolKey(snap), tpl, render); sb != nil {
+			return sb, op, nil
+		}
 	} else {
 		var err error
 		tpl, err = e.cfg.Templates.Resolve(ctx, req.Template)
 		if err != nil {
 			return nil, nil, fmt.Errorf("resolve template %s: %w", req.Template, err)
 		}
-		if sb, op := e.claim(ctx, req, tpl, rtName, render); sb != nil {
-			return sb, op, nil
+		if *req.Resources == DefaultResources {
+			if sb, op := e.claim(ctx, req, poolKey(rtName, tpl.Digest, *req.Resources), tpl, render); sb != nil {
+				return sb, op, nil
+			}
 		}
 	}
 	now := e.now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -27,15 +28,45 @@ func poolKey(runtime, digest string, r sandbox.Resources) string {
 	return fmt.Sprintf("%s|%s|%d/%d/%d", runtime, digest, r.VCPUs, r.MemoryMiB, r.DiskMiB)
 }
 
+// snapshotPoolKey is the pool of a snapshot tagged as a template: its
+// sandboxes start from the snapshot, with its runtime and resources.
+func snapshotPoolKey(snap *sandbox.Snapshot) string {
+	return poolKey(snap.Runtime, snap.ID, snap.Resources)
+}
+
+// pool is what a template reference's warm pool holds.
+type pool struct {
+	key  string
+	tpl  sandbox.TemplateRef
+	snap *sandbox.Snapshot // a snapshot tagged as the template, else nil
+}
+
+// poolOf finds what template reference ref starts: a snapshot tagged as
+// it, else the template store's template (default runtime and resources).
+func (e *Engine) poolOf(ctx context.Context, ref string) (pool, error) {
+	snap, err := e.taggedSnapshot(ctx, ref)
+	if err != nil {
+		return pool{}, err
+	}
+	if snap != nil {
+		return pool{key: snapshotPoolKey(snap), tpl: snap.Template, snap: snap}, nil
+	}
+	if e.cfg.Templates == nil {
+		return pool{}, errdefs.New(errdefs.Unavailable, "no template store is configured")
+	}
+	tpl, err := e.cfg.Templates.Resolve(ctx, ref)
+	if err != nil {
+		return pool{}, err
+	}
+	return pool{key: poolKey(e.cfg.DefaultRuntime, tpl.Digest, DefaultResources), tpl: tpl}, nil
+}
+
 // SetWarmPool sets how many ready sandboxes of template to keep (0 stops).
 func (e *Engine) SetWarmPool(ctx context.Context, template string, minReady int) (WarmPool, error) {
 	if minReady < 0 || minReady > MaxWarmPool {
 		return WarmPool{}, errdefs.New(errdefs.InvalidArgument, "min_ready must be between 0 and %d", MaxWarmPool)
 	}
-	if e.cfg.Templates == nil {
-		return WarmPool{}, errdefs.New(errdefs.Unavailable, "no template store is configured")
-	}
-	if _, err := e.cfg.Templates.Resolve(ctx, template); err != nil {
+	if _, err := e.poolOf(ctx, template); err != nil {
 		return WarmPool{}, err
 	}
 	if err := e.store.SetWarmPool(ctx, template, minReady); err != nil {
@@ -75,8 +106,8 @@ func (e *Engine) WarmPool(ctx context.Context, template string) (WarmPool, error
 		return WarmPool{}, err
 	}
 	wp := WarmPool{Template: template, MinReady: pools[template]}
-	if tpl, err := e.cfg.Templates.Resolve(ctx, template); err == nil {
-		sbs, err := e.store.PoolSandboxes(ctx, poolKey(e.cfg.DefaultRuntime, tpl.Digest, DefaultResources))
+	if p, err := e.poolOf(ctx, template); err == nil {
+		sbs, err := e.store.PoolSandboxes(ctx, p.key)
 		if err != nil {
 			return wp, err
 		}
@@ -103,12 +134,9 @@ func (e *Engine) kickPools() {
 
 // claim tries to hand a pool sandbox to a create. It returns nil when no
 // pool sandbox fits or is ready.
-func (e *Engine) claim(ctx context.Context, req CreateRequest, tpl sandbox.TemplateRef, rt string, render Render) (*sandbox.Sandbox, *sandbox.Operation) {
-	if *req.Resources != DefaultResources {
-		return nil, nil
-	}
+func (e *Engine) claim(ctx context.Context, req CreateRequest, key string, tpl sandbox.TemplateRef, render Render) (*sandbox.Sandbox, *sandbox.Operation) {
 	now := e.now()
-	sb, op, err := e.store.ClaimPoolSandbox(ctx, poolKey(rt, tpl.Digest, *req.Resources), func(sb *sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error) {
+	sb, op, err := e.store.ClaimPoolSandbox(ctx, key, func(sb *sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error) {
 		sb.Template, sb.Env, sb.Metadata, sb.AutoLifecycle, sb.Network = tpl, req.Env, req.Metadata, *req.AutoLifecycle, req.Network
 		sb.CreatedAt, sb.LastActiveAt, sb.ExpiresAt = now, now, nil
 		sb.SetState(sandbox.Running, now) // its timeout starts now
@@ -168,14 +196,12 @@ func (e *Engine) refill(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	rt := e.cfg.DefaultRuntime
 	for ref, want := range pools {
-		tpl, err := e.cfg.Templates.Resolve(ctx, ref)
+		p, err := e.poolOf(ctx, ref)
 		if err != nil {
 			continue
 		}
-		key := poolKey(rt, tpl.Digest, DefaultResources)
-		sbs, err := e.store.PoolSandboxes(ctx, key)
+		sbs, err := e.store.PoolSandboxes(ctx, p.key)
 		if err != nil {
 			continue
 		}
@@ -195,7 +221,7 @@ func (e *Engine) refill(ctx context.Context) {
 			}
 		}
 		for i := have; i < want; i++ {
-			if err := e.createPooled(ctx, key, tpl, rt); err != nil {
+			if err := e.createPooled(ctx, p); err != nil {
 				e.log.Warn("refill warm pool", "template", ref, "err", err)
 				break
 			}
@@ -206,13 +232,16 @@ func (e *Engine) refill(ctx context.Context) {
 	}
 }
 
-func (e *Engine) createPooled(ctx context.Context, key string, tpl sandbox.TemplateRef, rt string) error {
+func (e *Engine) createPooled(ctx context.Context, p pool) error {
 	now := e.now()
 	sb := &sandbox.Sandbox{
-		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rt, Resources: DefaultResources,
+		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: p.tpl, Runtime: e.cfg.DefaultRuntime, Resources: DefaultResources,
 		Env: map[string]string{}, Metadata: map[string]string{}, AutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: "720h", IdleAction: "none"},
 		Network:   &sandbox.Network{Egress: "none", Allow: []string{}, Deny: []string{}}, // its user's policy comes with the claim
-		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: key,
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: p.key,
+	}
+	if s := p.snap; s != nil {
+		sb.Snapshot, sb.Runtime, sb.Resources, sb.Env = s.ID, s.Runtime, s.Resources, maps.Clone(s.Env)
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	sb.ActiveOperation = op.ID

@@ -2,11 +2,13 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"syscall"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -14,6 +16,7 @@ import (
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/templates"
 )
 
 // SnapshotRender makes the idempotent response of a snapshot request from
@@ -109,12 +112,19 @@ func (e *Engine) executeSnapshot(ctx context.Context, log interface {
 		Snapshot: &store.SnapshotOutcome{SnapshotID: op.Snapshot, State: sandbox.SnapshotReady, SizeBytes: size}})
 }
 
+// dirSize is the disk a directory's files take: their allocated blocks
+// (a RAM file is mostly holes), or their length where the file system
+// does not say.
 func dirSize(dir string) int64 {
 	var n int64
 	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					n += st.Blocks * 512
+				} else {
+					n += fi.Size()
+				}
 			}
 		}
 		return nil
@@ -141,6 +151,10 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, id string) error {
 			return errdefs.New(errdefs.Conflict, "snapshot %s is still being created (operation %s)", id, s.OperationID).
 				WithDetails(map[string]any{"operation_id": s.OperationID})
 		}
+		if s.Tag != "" {
+			return errdefs.New(errdefs.Conflict, "snapshot %s is template %s; untag it first (POST /v1/snapshots/%s:untag)", id, s.Tag, id).
+				WithDetails(map[string]any{"tag": s.Tag})
+		}
 		return nil
 	})
 	if err != nil {
@@ -151,6 +165,57 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, id string) error {
 	}
 	e.log.Info("snapshot deleted", "snapshot_id", id)
 	return nil
+}
+
+// TagSnapshot makes template reference ref (name[:tag]) start sandboxes
+// from ready snapshot id: creates of that template and its warm pool start
+// from the snapshot. The tag moves from any other snapshot; a template of
+// the template store by that name is a Conflict. An empty ref removes the
+// snapshot's tag.
+func (e *Engine) TagSnapshot(ctx context.Context, id, ref string) (*sandbox.Snapshot, error) {
+	if !ids.Valid(ids.Snapshot, id) {
+		return nil, errdefs.New(errdefs.NotFound, "snapshot %s not found", id)
+	}
+	if ref != "" {
+		name, tag, err := templates.ParseRef(ref)
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.InvalidArgument, err, "template: %v", err).WithDetails(map[string]any{"field": "template"})
+		}
+		ref = name + ":" + tag
+		if e.cfg.Templates != nil {
+			if _, err := e.cfg.Templates.Resolve(ctx, ref); err == nil {
+				return nil, errdefs.New(errdefs.Conflict, "template %s exists in the template store; tag the snapshot under another name", ref).
+					WithDetails(map[string]any{"template": ref})
+			}
+		}
+	}
+	snap, err := e.store.TagSnapshot(ctx, id, ref, func(s *sandbox.Snapshot) error {
+		if ref != "" && s.State != sandbox.SnapshotReady {
+			return errdefs.New(errdefs.FailedPrecondition, "snapshot %s is %s; only a ready snapshot can be a template", id, s.State).
+				WithDetails(map[string]any{"state": string(s.State)})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.log.Info("snapshot tagged", "snapshot_id", id, "tag", ref)
+	e.kickPools()
+	return snap, nil
+}
+
+// taggedSnapshot returns the snapshot tagged as template reference ref,
+// nil when none is (or ref is no valid reference).
+func (e *Engine) taggedSnapshot(ctx context.Context, ref string) (*sandbox.Snapshot, error) {
+	name, tag, err := templates.ParseRef(ref)
+	if err != nil {
+		return nil, nil
+	}
+	snap, err := e.store.SnapshotByTag(ctx, name+":"+tag)
+	if errors.Is(err, errdefs.NotFound) {
+		return nil, nil
+	}
+	return snap, err
 }
 
 // fromSnapshot fills a create request from the snapshot it names: the

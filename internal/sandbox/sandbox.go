@@ -234,6 +234,10 @@ type Snapshot struct {
 	Runtime   string            `json:"runtime"`
 	Resources Resources         `json:"resources"`
 	Env       map[string]string `json:"env"`
+	// Tag is the template reference (name:tag) that starts sandboxes from
+	// this snapshot, if it is tagged as one: a create of that template
+	// (and its warm pool) starts from the snapshot.
+	Tag string `json:"tag,omitempty"`
 	// SizeBytes is the disk it takes (0 until ready).
 	SizeBytes   int64      `json:"size_bytes"`
 	OperationID string     `json:"operation_id"`

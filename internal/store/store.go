@@ -94,6 +94,14 @@ type Snapshots interface {
 	// DeleteSnapshot removes a snapshot's record once check accepts it
 	// (in the same transaction); NotFound when there is none.
 	DeleteSnapshot(ctx context.Context, id string, check func(*sandbox.Snapshot) error) error
+	// TagSnapshot makes ref (a template reference, name:tag) start
+	// sandboxes from snapshot id once check accepts it: the tag moves from
+	// any other snapshot, and replaces the snapshot's own. An empty ref
+	// removes the snapshot's tag. It returns the snapshot as tagged.
+	TagSnapshot(ctx context.Context, id, ref string, check func(*sandbox.Snapshot) error) (*sandbox.Snapshot, error)
+	// SnapshotByTag returns the snapshot tagged ref, errdefs.NotFound
+	// when there is none.
+	SnapshotByTag(ctx context.Context, ref string) (*sandbox.Snapshot, error)
 }
 
 // SnapshotQuery selects a page of snapshots.

@@ -232,6 +232,21 @@ func (f *Engine) DeleteSnapshot(ctx context.Context, id string) error {
 	return nil
 }
 
+func (f *Engine) TagSnapshot(ctx context.Context, id, ref string) (*sandbox.Snapshot, error) {
+	if f.Fail != nil {
+		return nil, f.Fail
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	snap, ok := f.snaps[id]
+	if !ok {
+		return nil, errdefs.New(errdefs.NotFound, "snapshot %s not found", id)
+	}
+	snap.Tag = ref
+	c := *snap
+	return &c, nil
+}
+
 func (f *Engine) UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error) {
 	if f.Fail != nil {
 		return nil, f.Fail

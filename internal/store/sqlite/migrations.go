@@ -69,4 +69,9 @@ CREATE TABLE snapshots (
 );
 CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, seq);
 `,
+	// 4: snapshots tagged as templates.
+	`
+ALTER TABLE snapshots ADD COLUMN tag TEXT;
+CREATE UNIQUE INDEX snapshots_tag ON snapshots(tag) WHERE tag IS NOT NULL;
+`,
 }

@@ -24,13 +24,17 @@ func writeSnapshot(ctx context.Context, tx *sql.Tx, snap *sandbox.Snapshot, inse
 	if err != nil {
 		return fmt.Errorf("encode snapshot: %w", err)
 	}
+	var tag any // NULL: untagged
+	if snap.Tag != "" {
+		tag = snap.Tag
+	}
 	if insert {
-		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, name, state, doc) VALUES (?, ?, ?, ?, ?)`, snap.ID, snap.SandboxID, snap.Name, snap.State, doc)
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, name, state, tag, doc) VALUES (?, ?, ?, ?, ?, ?)`, snap.ID, snap.SandboxID, snap.Name, snap.State, tag, doc)
 		if isUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "snapshot %s already exists", snap.ID)
 		}
 	} else {
-		_, err = tx.ExecContext(ctx, `UPDATE snapshots SET state = ?, doc = ? WHERE id = ?`, snap.State, doc, snap.ID)
+		_, err = tx.ExecContext(ctx, `UPDATE snapshots SET state = ?, tag = ?, doc = ? WHERE id = ?`, snap.State, tag, doc, snap.ID)
 	}
 	if err != nil {
 		return fmt.Errorf("write snapshot: %w", err)
@@ -97,20 +101,68 @@ func (s *Store) ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store
 
 func (s *Store) DeleteSnapshot(ctx context.Context, id string, check func(*sandbox.Snapshot) error) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		snap, err := getSnapshot(ctx, tx, id)
-		if err != nil {
+		if _, err := checkedSnapshot(ctx, tx, id, check); err != nil {
 			return err
-		}
-		if check != nil {
-			if err := check(snap); err != nil {
-				return err
-			}
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id); err != nil {
 			return fmt.Errorf("delete snapshot: %w", err)
 		}
 		return nil
 	})
+}
+
+// checkedSnapshot reads a snapshot in tx and lets check (if any) refuse it.
+func checkedSnapshot(ctx context.Context, tx *sql.Tx, id string, check func(*sandbox.Snapshot) error) (*sandbox.Snapshot, error) {
+	snap, err := getSnapshot(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if check != nil {
+		if err := check(snap); err != nil {
+			return nil, err
+		}
+	}
+	return snap, nil
+}
+
+func (s *Store) TagSnapshot(ctx context.Context, id, ref string, check func(*sandbox.Snapshot) error) (*sandbox.Snapshot, error) {
+	var out *sandbox.Snapshot
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		snap, err := checkedSnapshot(ctx, tx, id, check)
+		if err != nil {
+			return err
+		}
+		if ref != "" {
+			if other, err := snapshotByTag(ctx, tx, ref); err == nil && other.ID != id {
+				other.Tag = ""
+				if err := writeSnapshot(ctx, tx, other, false); err != nil {
+					return err
+				}
+			} else if err != nil && !errors.Is(err, errdefs.NotFound) {
+				return err
+			}
+		}
+		snap.Tag = ref
+		out = snap
+		return writeSnapshot(ctx, tx, snap, false)
+	})
+	return out, err
+}
+
+func snapshotByTag(ctx context.Context, q querier, ref string) (*sandbox.Snapshot, error) {
+	var id string
+	err := q.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE tag = ?`, ref).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.New(errdefs.NotFound, "no snapshot is tagged %s", ref)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find tagged snapshot: %w", err)
+	}
+	return getSnapshot(ctx, q, id)
+}
+
+func (s *Store) SnapshotByTag(ctx context.Context, ref string) (*sandbox.Snapshot, error) {
+	return snapshotByTag(ctx, s.r, ref)
 }
 
 // finishSnapshot records a snapshot operation's outcome on its snapshot.

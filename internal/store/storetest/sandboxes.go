@@ -539,8 +539,63 @@ func testSnapshots(t *testing.T, open Opener) {
 	if page, _ := s.ListSnapshots(ctx, store.SnapshotQuery{SandboxID: ids.New(ids.Sandbox)}); len(page.Items) != 0 {
 		t.Fatalf("list of another sandbox's snapshots = %+v", page)
 	}
+	testSnapshotTags(t, s, snap.ID)
 	if err := s.DeleteSnapshot(ctx, snap.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	wantKind(t, s.DeleteSnapshot(ctx, snap.ID, nil), errdefs.NotFound)
+	_, err = s.SnapshotByTag(ctx, "warm:v1")
+	wantKind(t, err, errdefs.NotFound)
+}
+
+// testSnapshotTags: a tag names one snapshot; tagging another moves it;
+// a refused tag changes nothing; an empty tag removes it. id: a ready
+// snapshot.
+func testSnapshotTags(t *testing.T, s store.Store, id string) {
+	ctx := context.Background()
+	_, err := s.SnapshotByTag(ctx, "warm:v1")
+	wantKind(t, err, errdefs.NotFound)
+	_, err = s.TagSnapshot(ctx, ids.New(ids.Snapshot), "warm:v1", nil)
+	wantKind(t, err, errdefs.NotFound)
+	if got, err := s.TagSnapshot(ctx, id, "warm:v1", nil); err != nil || got.Tag != "warm:v1" {
+		t.Fatalf("tag = %+v, %v", got, err)
+	}
+	if got, err := s.SnapshotByTag(ctx, "warm:v1"); err != nil || got.ID != id || got.Tag != "warm:v1" {
+		t.Fatalf("by tag = %+v, %v", got, err)
+	}
+	// Another snapshot takes the tag over.
+	src, _ := mustCreate(t, s, sandbox.Running)
+	other := &sandbox.Snapshot{ID: ids.New(ids.Snapshot), SandboxID: src.ID, State: sandbox.SnapshotReady}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpSnapshot, SandboxID: src.ID, Snapshot: other.ID, State: sandbox.OpPending}
+	if _, err := s.BeginSnapshot(ctx, op, other, func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.TagSnapshot(ctx, other.ID, "warm:v1", func(*sandbox.Snapshot) error { return errdefs.New(errdefs.FailedPrecondition, "no") })
+	wantKind(t, err, errdefs.FailedPrecondition)
+	if got, _ := s.SnapshotByTag(ctx, "warm:v1"); got == nil || got.ID != id {
+		t.Fatalf("a refused tag moved: %+v", got)
+	}
+	if _, err := s.TagSnapshot(ctx, other.ID, "warm:v1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.GetSnapshot(ctx, id); got.Tag != "" {
+		t.Fatalf("the tag stayed on the first snapshot too: %+v", got)
+	}
+	if got, _ := s.SnapshotByTag(ctx, "warm:v1"); got == nil || got.ID != other.ID {
+		t.Fatalf("by tag after the move = %+v", got)
+	}
+	// A new tag replaces a snapshot's own; an empty one removes it.
+	if _, err := s.TagSnapshot(ctx, other.ID, "warm:v2", nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.SnapshotByTag(ctx, "warm:v1")
+	wantKind(t, err, errdefs.NotFound)
+	if got, err := s.TagSnapshot(ctx, other.ID, "", nil); err != nil || got.Tag != "" {
+		t.Fatalf("untag = %+v, %v", got, err)
+	}
+	_, err = s.SnapshotByTag(ctx, "warm:v2")
+	wantKind(t, err, errdefs.NotFound)
+	if _, err := s.TagSnapshot(ctx, id, "warm:v1", nil); err != nil {
+		t.Fatal(err)
+	}
 }
