@@ -196,11 +196,13 @@ func (e *Engine) refill(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	live := map[string]bool{}
 	for ref, want := range pools {
 		p, err := e.poolOf(ctx, ref)
 		if err != nil {
 			continue
 		}
+		live[p.key] = true
 		sbs, err := e.store.PoolSandboxes(ctx, p.key)
 		if err != nil {
 			continue
@@ -228,6 +230,32 @@ func (e *Engine) refill(ctx context.Context) {
 		}
 		for i := 0; i < len(ready)-want; i++ { // the pool shrank
 			e.Delete(ctx, ready[i], nil)
+		}
+	}
+	e.dropStalePools(ctx, live)
+}
+
+// dropStalePools deletes the idle sandboxes of pools no template reference
+// leads to any more (its tag moved to other content, a snapshot's tag was
+// removed): nothing would claim them.
+func (e *Engine) dropStalePools(ctx context.Context, live map[string]bool) {
+	keys, err := e.store.PoolKeys(ctx)
+	if err != nil {
+		return
+	}
+	for _, k := range keys {
+		if live[k] {
+			continue
+		}
+		sbs, err := e.store.PoolSandboxes(ctx, k)
+		if err != nil {
+			continue
+		}
+		for _, sb := range sbs {
+			if sb.ActiveOperation == "" {
+				e.log.Info("drop a sandbox of a stale warm pool", "sandbox_id", sb.ID, "pool", k)
+				e.Delete(ctx, sb.ID, nil)
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -151,5 +152,97 @@ func testSnapshotFailureInjected(t *testing.T) {
 	}
 	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatalf("delete a failed snapshot: %v", err)
+	}
+}
+
+// A snapshot tagged as a template starts that template's creates and its
+// warm pool; a template-store name is refused; a tagged snapshot cannot be
+// deleted; untagged, the template is gone and its pool's sandboxes go.
+// (The FAKE template store holds every name but "missing…" ones.)
+func TestSnapshotAsTemplate(t *testing.T) { synctest.Test(t, testSnapshotAsTemplate) }
+
+func testSnapshotAsTemplate(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	os.MkdirAll(w.rt.RootDir(src.ID), 0o755)
+	os.WriteFile(filepath.Join(w.rt.RootDir(src.ID), "state.txt"), []byte("warm"), 0o644)
+	op, snap, err := w.eng.CreateSnapshot(ctx, src.ID, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.eng.TagSnapshot(ctx, snap.ID, "missingwarm"); !errors.Is(err, errdefs.FailedPrecondition) {
+		t.Fatalf("tag a snapshot still being made: %v", err)
+	}
+	wait(t, w, op.ID)
+	if _, err := w.eng.TagSnapshot(ctx, snap.ID, "seed:latest"); !errors.Is(err, errdefs.Conflict) {
+		t.Fatalf("tag as a template-store name: %v", err)
+	}
+	if _, err := w.eng.TagSnapshot(ctx, snap.ID, "Bad Ref"); !errors.Is(err, errdefs.InvalidArgument) {
+		t.Fatalf("tag as a malformed name: %v", err)
+	}
+	if got, err := w.eng.TagSnapshot(ctx, snap.ID, "missingwarm"); err != nil || got.Tag != "missingwarm:latest" {
+		t.Fatalf("tag = %+v, %v", got, err)
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.Conflict) {
+		t.Fatalf("delete a tagged snapshot: %v", err)
+	}
+	sb, cop, err := w.eng.Create(ctx, lifecycle.CreateRequest{Template: "missingwarm:latest"}, nil)
+	if err != nil || wait(t, w, cop.ID).State != sandbox.OpSucceeded || sb.Snapshot != snap.ID || sb.Template != src.Template {
+		t.Fatalf("create of the tagged template = %+v, %v", sb, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(w.rt.RootDir(sb.ID), "state.txt")); err != nil || string(b) != "warm" {
+		t.Fatalf("file from the snapshot: %q %v", b, err)
+	}
+	if _, _, err := w.eng.Create(ctx, lifecycle.CreateRequest{Template: "missingwarm", Env: map[string]string{"A": "b"}}, nil); !errors.Is(err, errdefs.InvalidArgument) {
+		t.Fatalf("create of the tagged template with env: %v", err)
+	}
+	// Its warm pool: ready copies of the snapshot, claimed by a create.
+	if _, err := w.eng.SetWarmPool(ctx, "missingwarm", 2); err != nil {
+		t.Fatal(err)
+	}
+	poolIs := func(ready int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			wp, _ := w.eng.WarmPool(ctx, "missingwarm")
+			if wp.Ready == ready && wp.Starting == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pool = %+v, want %d ready", wp, ready)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	poolIs(2)
+	claimed, cop, err := w.eng.Create(ctx, lifecycle.CreateRequest{Template: "missingwarm"}, nil)
+	if err != nil || cop.State != sandbox.OpSucceeded || claimed.Snapshot != snap.ID || claimed.State != sandbox.Running {
+		t.Fatalf("create from the pool = %+v %+v, %v", claimed, cop, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(w.rt.RootDir(claimed.ID), "state.txt")); err != nil || string(b) != "warm" {
+		t.Fatalf("file in the claimed sandbox: %q %v", b, err)
+	}
+	poolIs(2)
+	// Untagged: the template is gone, and so are its pool's sandboxes.
+	if got, err := w.eng.TagSnapshot(ctx, snap.ID, ""); err != nil || got.Tag != "" {
+		t.Fatalf("untag = %+v, %v", got, err)
+	}
+	if _, _, err := w.eng.Create(ctx, lifecycle.CreateRequest{Template: "missingwarm"}, nil); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("create of an untagged template: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		keys, _ := w.store.PoolKeys(ctx)
+		if len(keys) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stale pool keeps sandboxes: %v", keys)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -121,6 +121,9 @@ type Pools interface {
 	ClaimPoolSandbox(ctx context.Context, pool string, claim func(sb *sandbox.Sandbox) (*sandbox.Operation, *Completion, error)) (*sandbox.Sandbox, *sandbox.Operation, error)
 	// PoolSandboxes lists a pool's sandboxes (every state but deleted).
 	PoolSandboxes(ctx context.Context, pool string) ([]sandbox.Sandbox, error)
+	// PoolKeys lists the pools that have sandboxes (in any state but
+	// deleted).
+	PoolKeys(ctx context.Context) ([]string, error)
 	// SetWarmPool records how many ready sandboxes of a template to keep
 	// (0 drains the pool); WarmPools lists the settings.
 	SetWarmPool(ctx context.Context, template string, minReady int) error

@@ -48,6 +48,23 @@ func (s *Store) ClaimPoolSandbox(ctx context.Context, pool string, claim func(*s
 	return sb, op, nil
 }
 
+func (s *Store) PoolKeys(ctx context.Context) ([]string, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT pool FROM sandboxes WHERE pool != '' AND state != 'deleted' ORDER BY pool`)
+	if err != nil {
+		return nil, fmt.Errorf("list pools: %w", err)
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
+}
+
 func (s *Store) PoolSandboxes(ctx context.Context, pool string) ([]sandbox.Sandbox, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state != 'deleted' ORDER BY seq`, pool)
 	if err != nil {

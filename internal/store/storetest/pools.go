@@ -30,6 +30,9 @@ func testWarmPoolClaims(t *testing.T, open Opener) {
 	if l := listAll(t, s, store.SandboxQuery{}); len(l) != 0 {
 		t.Fatalf("pool sandboxes listed: %v", l)
 	}
+	if keys, err := s.PoolKeys(ctx); err != nil || len(keys) != 1 || keys[0] != "k" {
+		t.Fatalf("pool keys = %v %v", keys, err)
+	}
 	if c, err := s.CountSandboxes(ctx); err != nil || len(c) != 1 || c[0] != (store.SandboxCount{State: sandbox.Running, Pooled: true, Count: 3}) {
 		t.Fatalf("counts = %+v %v", c, err)
 	}
@@ -70,6 +73,9 @@ func testWarmPoolClaims(t *testing.T, open Opener) {
 	}
 	if left, _ := s.PoolSandboxes(ctx, "k"); len(left) != 0 {
 		t.Fatalf("pool still holds %d", len(left))
+	}
+	if keys, err := s.PoolKeys(ctx); err != nil || len(keys) != 0 {
+		t.Fatalf("pool keys of an empty pool = %v %v", keys, err)
 	}
 	if err := s.SetWarmPool(ctx, "seed:latest", 4); err != nil {
 		t.Fatal(err)
