@@ -319,7 +319,7 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
 	}
 	if snap != nil {
-		sb.Snapshot, sb.Env = snap.ID, maps.Clone(snap.Env)
+		sb.Snapshot = snap.ID // its environment came with req.Env
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	sb.ActiveOperation = op.ID

@@ -30,18 +30,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 
 func (r *Runtime) create(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	if r.qemuPID(id) != 0 && r.vmRunning(ctx, id) {
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err := r.waitAgent(wctx, id)
-		cancel()
-		if err == nil {
-			return nil // made by an earlier attempt
-		}
-	}
-	// Anything else an earlier attempt left (a QEMU still waiting for its
-	// incoming state, or never continued) is made again.
-	r.reset(ctx, id)
-	if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
+	if made, err := r.startOver(ctx, id); made || err != nil {
 		return err
 	}
 	if !r.cfg.NoTemplateSnapshots {
@@ -58,6 +47,23 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec) error {
 		}
 	}
 	return r.boot(ctx, spec)
+}
+
+// startOver reports a sandbox an earlier attempt made already (its VM runs
+// and its agent answers); anything else an earlier attempt left (a QEMU
+// still waiting for its incoming state, or never continued) it removes,
+// leaving an empty sandbox directory to make the sandbox in.
+func (r *Runtime) startOver(ctx context.Context, id string) (made bool, _ error) {
+	if r.qemuPID(id) != 0 && r.vmRunning(ctx, id) {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := r.waitAgent(wctx, id)
+		cancel()
+		if err == nil {
+			return true, nil
+		}
+	}
+	r.reset(ctx, id)
+	return false, os.MkdirAll(r.sandboxDir(id), 0o700)
 }
 
 // reset removes whatever an earlier attempt left of a sandbox.

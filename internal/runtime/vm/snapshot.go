@@ -232,31 +232,19 @@ func (r *Runtime) copyStopped(ctx context.Context, q *qmp, id, dir string) error
 	}
 	// Stopped and migrated: QEMU has flushed the disk and lets go of it
 	// until it runs again, so both files are final.
-	for _, f := range []struct{ from, to string }{{r.memPath(id), "mem"}, {r.diskPath(id), "disk.qcow2"}} {
+	for _, f := range []struct{ from, to string }{{r.memPath(id), "mem"}, {r.diskPath(id), "disk.qcow2"}, {filepath.Join(r.sandboxDir(id), "agent.key"), "agent.key"}} {
 		to := filepath.Join(dir, f.to)
 		if err := copySparse(f.from, to); err != nil {
+			if f.to == "agent.key" && errors.Is(err, os.ErrNotExist) {
+				continue // a sandbox whose agent is not bound
+			}
 			return fmt.Errorf("copy %s: %w", f.to, err)
 		}
 		if err := fsync(to); err != nil {
 			return fmt.Errorf("flush %s: %w", f.to, err)
 		}
 	}
-	if err := copyFileSync(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(dir, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("keep agent key: %w", err)
-	}
 	return fsync(dir)
-}
-
-// copyFileSync copies a small file and flushes the copy.
-func copyFileSync(from, to string) error {
-	b, err := os.ReadFile(from)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(to, b, 0o600); err != nil {
-		return err
-	}
-	return fsync(to)
 }
 
 // CreateFrom starts a new sandbox from a Snapshot dir: a copy of its disk
@@ -268,29 +256,22 @@ func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string)
 	if _, err := os.Stat(filepath.Join(dir, "vmstate")); err != nil {
 		return fmt.Errorf("create %s from %s: %w", id, dir, err)
 	}
-	if r.qemuPID(id) != 0 && r.vmRunning(ctx, id) {
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err := r.waitAgent(wctx, id)
-		cancel()
-		if err == nil {
-			r.watch(spec)
-			return nil // made by an earlier attempt
-		}
-	}
-	r.reset(ctx, id)
-	if err := os.MkdirAll(r.sandboxDir(id), 0o700); err != nil {
+	if made, err := r.startOver(ctx, id); err != nil {
 		return err
+	} else if made {
+		r.watch(spec)
+		return nil
 	}
-	for _, f := range []struct{ from, to string }{{"mem", r.memPath(id)}, {"disk.qcow2", r.diskPath(id)}} {
+	for _, f := range []struct{ from, to string }{{"mem", r.memPath(id)}, {"disk.qcow2", r.diskPath(id)}, {"agent.key", filepath.Join(r.sandboxDir(id), "agent.key")}} {
 		if err := copySparse(filepath.Join(dir, f.from), f.to); err != nil {
+			if f.from == "agent.key" && errors.Is(err, os.ErrNotExist) {
+				continue // saved from a sandbox whose agent is not bound
+			}
 			if lowSpace(r.sandboxDir(id)) {
 				return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the snapshot")
 			}
 			return fmt.Errorf("copy %s: %w", f.from, err)
 		}
-	}
-	if err := copyFileSync(filepath.Join(dir, "agent.key"), filepath.Join(r.sandboxDir(id), "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("copy agent key: %w", err)
 	}
 	if err := r.load(ctx, spec, filepath.Join(dir, "vmstate")); err != nil {
 		return err
