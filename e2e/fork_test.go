@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -404,13 +403,7 @@ func snapshotAsTemplate(t *testing.T, s *server, snap string) {
 	if r := s.do("PUT", "/v1/warm-pools/warm:v1", s.token, []byte(`{"min_ready":1}`)); r.status != 200 {
 		t.Fatalf("PUT warm pool of warm:v1 = %d %s", r.status, r.body)
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	for !bytes.Contains(s.do("GET", "/v1/warm-pools/warm:v1", s.token, nil).body, []byte(`"ready":1`)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool of warm:v1 never got ready\n%s", s.log())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.waitPool(t, "warm:v1", `"ready":1`, 90*time.Second)
 	r = s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"warm:v1","network":{"egress":"none"}}`))
 	r.json(t, &c)
 	if r.status != 202 || c.Operation.State != "succeeded" || c.Sandbox.State != "running" || c.Sandbox.Snapshot != snap {
@@ -418,13 +411,7 @@ func snapshotAsTemplate(t *testing.T, s *server, snap string) {
 	}
 	check(c.Sandbox.ID)
 	s.do("PUT", "/v1/warm-pools/warm:v1", s.token, []byte(`{"min_ready":0}`))
-	deadline = time.Now().Add(60 * time.Second)
-	for !bytes.Contains(s.do("GET", "/v1/warm-pools/warm:v1", s.token, nil).body, []byte(`"ready":0,"starting":0`)) {
-		if time.Now().After(deadline) {
-			t.Fatal("the pool of warm:v1 did not shrink")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.waitPool(t, "warm:v1", `"ready":0,"starting":0`, 60*time.Second)
 	// Untagged: the template is gone, the snapshot can go.
 	if out, stderr, code := s.runCLI("snapshot", "untag", snap); code != 0 {
 		t.Fatalf("space snapshot untag = %d %s %s", code, out, stderr)

@@ -319,17 +319,7 @@ func TestGVisorWarmPool(t *testing.T) {
 	expectError(t, s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{"min_ready":1000}`)), 400, "invalid_argument")
 	expectError(t, s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{}`)), 400, "invalid_argument")
 	expectError(t, s.do("PUT", "/v1/warm-pools/nope:latest", s.token, []byte(`{"min_ready":1}`)), 404, "not_found")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		r := s.do("GET", "/v1/warm-pools/test:latest", s.token, nil)
-		if bytes.Contains(r.body, []byte(`"ready":3`)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool never ready: %s", r.body)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.waitPool(t, "test:latest", `"ready":3`, 60*time.Second)
 	if r := s.do("GET", "/v1/sandboxes", s.token, nil); !bytes.Contains(r.body, []byte(`"items":[]`)) {
 		t.Fatalf("pool sandboxes are listed: %s", r.body)
 	}
@@ -364,19 +354,24 @@ func TestGVisorWarmPool(t *testing.T) {
 	if tr, _ := s.runCommand(created.Sandbox.ID, map[string]any{"command": httpGet}); !strings.Contains(string(tr.stdout), "hello from upstream") {
 		t.Errorf("a sandbox claimed with egress public cannot reach upstream: %q %q ", tr.stdout, tr.stderr)
 	}
-	deadline = time.Now().Add(60 * time.Second)
-	for !bytes.Contains(s.do("GET", "/v1/warm-pools/test:latest", s.token, nil).body, []byte(`"ready":3`)) {
-		if time.Now().After(deadline) {
-			t.Fatal("pool did not refill")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.waitPool(t, "test:latest", `"ready":3`, 60*time.Second) // refilled
 	// Shrinking the pool deletes its sandboxes.
 	s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{"min_ready":0}`))
-	deadline = time.Now().Add(60 * time.Second)
-	for !bytes.Contains(s.do("GET", "/v1/warm-pools/test:latest", s.token, nil).body, []byte(`"ready":0,"starting":0`)) {
+	s.waitPool(t, "test:latest", `"ready":0,"starting":0`, 60*time.Second)
+}
+
+// waitPool waits up to d for GET /v1/warm-pools/{ref} to answer a body
+// containing want.
+func (s *server) waitPool(t *testing.T, ref, want string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		r := s.do("GET", "/v1/warm-pools/"+ref, s.token, nil)
+		if bytes.Contains(r.body, []byte(want)) {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("pool did not shrink")
+			t.Fatalf("pool %s never answered %s in %s: %s\n%s", ref, want, d, r.body, s.log())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -245,26 +245,29 @@ func testDefaultWarmPool(t *testing.T) {
 	w := &world{dir: dir, store: st, rt: rt, eng: eng}
 	t.Cleanup(w.close)
 	ctx := context.Background()
-	poolIs := func(ready int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			wp, _ := eng.WarmPool(ctx, "seed:latest")
-			if wp.Ready == ready && wp.Starting == 0 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pool = %+v, want %d ready", wp, ready)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
 	if wp, _ := eng.WarmPool(ctx, "seed:latest"); wp.MinReady != 2 {
 		t.Fatalf("default pool setting = %+v", wp)
 	}
-	poolIs(2)
+	waitPool(t, eng, "seed:latest", 2)
 	if _, err := eng.SetWarmPool(ctx, "seed:latest", 0); err != nil {
 		t.Fatal(err)
 	}
-	poolIs(0)
+	waitPool(t, eng, "seed:latest", 0)
+}
+
+// waitPool waits until the pool of template ref has ready sandboxes ready
+// and none starting.
+func waitPool(t *testing.T, eng *lifecycle.Engine, ref string, ready int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		wp, _ := eng.WarmPool(context.Background(), ref)
+		if wp.Ready == ready && wp.Starting == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool = %+v, want %d ready", wp, ready)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

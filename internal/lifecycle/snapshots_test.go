@@ -201,21 +201,7 @@ func testSnapshotAsTemplate(t *testing.T) {
 	if _, err := w.eng.SetWarmPool(ctx, "missingwarm", 2); err != nil {
 		t.Fatal(err)
 	}
-	poolIs := func(ready int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			wp, _ := w.eng.WarmPool(ctx, "missingwarm")
-			if wp.Ready == ready && wp.Starting == 0 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pool = %+v, want %d ready", wp, ready)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	poolIs(2)
+	waitPool(t, w.eng, "missingwarm", 2)
 	claimed, cop, err := w.eng.Create(ctx, lifecycle.CreateRequest{Template: "missingwarm"}, nil)
 	if err != nil || cop.State != sandbox.OpSucceeded || claimed.Snapshot != snap.ID || claimed.State != sandbox.Running {
 		t.Fatalf("create from the pool = %+v %+v, %v", claimed, cop, err)
@@ -223,7 +209,7 @@ func testSnapshotAsTemplate(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(w.rt.RootDir(claimed.ID), "state.txt")); err != nil || string(b) != "warm" {
 		t.Fatalf("file in the claimed sandbox: %q %v", b, err)
 	}
-	poolIs(2)
+	waitPool(t, w.eng, "missingwarm", 2)
 	// Untagged: the template is gone, and so are its pool's sandboxes.
 	if got, err := w.eng.TagSnapshot(ctx, snap.ID, ""); err != nil || got.Tag != "" {
 		t.Fatalf("untag = %+v, %v", got, err)
