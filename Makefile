@@ -9,6 +9,11 @@ ifneq ($(CI),)
 export SPACE_REQUIRE_GVISOR ?= 1
 export SPACE_REQUIRE_E2B_SDK ?= 1
 export SPACE_REQUIRE_VM ?= 1
+export SPACE_REQUIRE_POSTGRES ?= 1
+export SPACE_REQUIRE_S3 ?= 1
+# The gvisor end-to-end suites run on PostgreSQL and an S3 bucket; vm and
+# the fake runtime stay on SQLite and the data directory.
+export SPACE_E2E_BACKENDS ?= production
 endif
 
 .PHONY: deps build serve test test-go fuzz-smoke vet soak

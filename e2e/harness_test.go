@@ -22,8 +22,10 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/blobstore/s3test"
 	"github.com/spacesandbox/space/internal/network"
 	"github.com/spacesandbox/space/internal/network/nettest"
+	"github.com/spacesandbox/space/internal/store/postgres/pgtest"
 )
 
 // upstreams numbers the test networks of real servers.
@@ -68,6 +70,8 @@ func TestMain(m *testing.M) {
 	before := runscSandboxes()
 	netBefore := sandboxNetworks()
 	code := m.Run()
+	pgtest.Stop()
+	s3test.Stop()
 	os.RemoveAll(dir)
 	// Nor any sandbox network: namespaces, links, rule tables.
 	for name := range sandboxNetworks() {
@@ -84,6 +88,33 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// productionBackends says the gvisor servers of this run keep their state
+// in PostgreSQL (a throwaway cluster, pgtest) instead of SQLite:
+// SPACE_E2E_BACKENDS=production, which CI sets; their suspend snapshots
+// go to an S3 bucket (versitygw, s3test) as well. The vm and fake servers
+// stay on the embedded defaults, so both are covered end to end.
+func productionBackends() bool { return os.Getenv("SPACE_E2E_BACKENDS") == "production" }
+
+// productionEnv is the environment that puts a server on a new PostgreSQL
+// database and a new S3 bucket (and gives it the bucket's credentials).
+func productionEnv(t *testing.T) []string {
+	_, bucket := s3test.Bucket(t)
+	return append(s3test.Env(), "SPACE_STORE="+pgtest.URL(t), "SPACE_BLOB_STORE="+bucket)
+}
+
+// flagValue returns the value of flag name in args ("" when absent).
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // server is one `space serve` process.
@@ -144,6 +175,11 @@ func startServer(t *testing.T, o serverOpts) *server {
 		t.Cleanup(func() { network.Teardown(rng) }) // runs after the server stopped
 		s.args = append(slices.Clone(s.args), "--sandbox-network", rng.String(),
 			"--egress-uplink", s.up.Uplink, "--egress-gateway", s.up.Gateway.String(), "--egress-dns", s.up.DNS)
+	}
+	if o.bin == spaceBin && productionBackends() && flagValue(s.args, "--runtime") == "gvisor" && !slices.ContainsFunc(s.env, func(e string) bool { return strings.HasPrefix(e, "SPACE_STORE=") }) {
+		// The gvisor suites run on the production backends in CI; the
+		// environment reaches the CLI too (token, template gc).
+		s.env = append(slices.Clone(s.env), productionEnv(t)...)
 	}
 	s.start()
 	t.Cleanup(s.stop)
@@ -399,7 +435,7 @@ func (s *server) runCLI(args ...string) (string, string, int) {
 func (s *server) runCLIWith(bin string, args ...string) (string, string, int) {
 	s.t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "SPACE_API_URL=http://"+s.apiAddr, "SPACE_API_TOKEN="+s.token, "SPACE_DATA_DIR="+s.dataDir)
+	cmd.Env = append(append(os.Environ(), s.env...), "SPACE_API_URL=http://"+s.apiAddr, "SPACE_API_TOKEN="+s.token, "SPACE_DATA_DIR="+s.dataDir)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -116,6 +116,12 @@ func requireGVisor(t *testing.T) {
 // data directory first.
 func startRuntimeServer(t *testing.T, rt string, extra ...string) *server {
 	t.Helper()
+	return startRuntimeServerEnv(t, rt, nil, extra...)
+}
+
+// startRuntimeServerEnv is startRuntimeServer with more environment.
+func startRuntimeServerEnv(t *testing.T, rt string, env []string, extra ...string) *server {
+	t.Helper()
 	if rt == "fake" {
 		return startServer(t, serverOpts{args: append([]string{"--runtime", "fake"}, extra...)})
 	}
@@ -125,7 +131,7 @@ func startRuntimeServer(t *testing.T, rt string, extra ...string) *server {
 		t.Fatalf("build test template: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { killGVisorLeftovers(dataDir) }) // runs after the server stopped
-	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "test:latest",
+	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "test:latest", env: env,
 		args: append([]string{"--runtime", rt, "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}, extra...)})
 	t.Cleanup(func() { cleanupGVisor(s) }) // runs first, while the server runs
 	return s

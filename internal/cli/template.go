@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/server"
-	"github.com/spacesandbox/space/internal/store/sqlite"
 	"github.com/spacesandbox/space/internal/templates"
 )
 
@@ -31,6 +30,7 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	}
 	fs := flag.NewFlagSet("space template", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
+	storeURL := fs.String("store", os.Getenv("SPACE_STORE"), "gc: the server's --store: empty for SQLite in the data directory, or a postgres:// URL (env SPACE_STORE)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
@@ -125,7 +125,7 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 		// stopped or quiet. Runtimes drop what they derived from removed
 		// content (the vm runtime's ext4 images and template snapshots)
 		// when they next start.
-		inUse, err := templatesInUse(ctx, *dataDir)
+		inUse, err := templatesInUse(ctx, *storeURL, *dataDir)
 		if err != nil {
 			return err
 		}
@@ -138,16 +138,17 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	return fmt.Errorf("%w: unknown template command %q", errUsage, args[0])
 }
 
-// templatesInUse reports the template digests the data directory's
-// sandboxes were made from.
-func templatesInUse(ctx context.Context, dataDir string) (func(string) bool, error) {
-	db := filepath.Join(dataDir, server.DBFile)
-	if _, err := os.Stat(db); errors.Is(err, fs.ErrNotExist) {
-		return func(string) bool { return false }, nil // no server ran here
+// templatesInUse reports the template digests the server's sandboxes and
+// snapshots were made from.
+func templatesInUse(ctx context.Context, storeURL, dataDir string) (func(string) bool, error) {
+	if storeURL == "" {
+		if _, err := os.Stat(filepath.Join(dataDir, server.DBFile)); errors.Is(err, fs.ErrNotExist) {
+			return func(string) bool { return false }, nil // no server ran here
+		}
 	}
-	st, err := sqlite.Open(ctx, db)
+	st, err := server.OpenStore(ctx, storeURL, dataDir)
 	if err != nil {
-		return nil, fmt.Errorf("open store in %s: %w", dataDir, err)
+		return nil, err
 	}
 	defer st.Close()
 	used, err := st.TemplatesInUse(ctx)

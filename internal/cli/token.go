@@ -5,13 +5,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"path/filepath"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/server"
-	"github.com/spacesandbox/space/internal/store/sqlite"
 )
 
 // tokenCmd manages tokens directly in the data directory's store, so an
@@ -22,6 +21,7 @@ func tokenCmd(ctx context.Context, args []string, o Options) error {
 	}
 	fs := flag.NewFlagSet("space token", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
+	storeURL := fs.String("store", os.Getenv("SPACE_STORE"), "the server's --store: empty for SQLite in the data directory, or a postgres:// URL (env SPACE_STORE)")
 	name := fs.String("name", "", "token name (create)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	e2bKey := fs.Bool("e2b", false, "create: shape the token like an E2B API key (e2b_ and 40 hex digits), for SDKs that check")
@@ -29,9 +29,9 @@ func tokenCmd(ctx context.Context, args []string, o Options) error {
 	if err != nil {
 		return err
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(*dataDir, server.DBFile))
+	st, err := server.OpenStore(ctx, *storeURL, *dataDir)
 	if err != nil {
-		return fmt.Errorf("open store in %s: %w", *dataDir, err)
+		return err
 	}
 	defer st.Close()
 	tokens := auth.New(st)

@@ -12,11 +12,20 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/spacesandbox/space/internal/blobstore"
+	"github.com/spacesandbox/space/internal/store/postgres"
 )
 
 // Serve configures `space serve`.
 type Serve struct {
-	DataDir       string
+	DataDir string
+	// Store is where durable state lives: empty for SQLite in DataDir, or
+	// a postgres:// URL.
+	Store string
+	// BlobStore, when set (s3://…), keeps suspend snapshots in object
+	// storage too.
+	BlobStore     string
 	APIAddr       string
 	DataPlaneAddr string
 	// DataPlaneURL is the data plane's URL as clients reach it; empty means
@@ -102,6 +111,8 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 		fs.DurationVar(p, name, def, usage+" (env "+EnvName(name)+")")
 	}
 	str(&s.DataDir, "data-dir", "/var/lib/space", "directory for the database, templates, snapshots and the first API token")
+	str(&s.Store, "store", "", "database: empty for SQLite in the data directory, or postgres://user@host:port/db?sslmode=… (password from PGPASSWORD or ~/.pgpass, or in the URL; never logged)")
+	str(&s.BlobStore, "blob-store", "", "object storage for suspend snapshots: empty for the data directory only, or s3://bucket/prefix?endpoint=http(s)://host:port&region=r (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials)")
 	str(&s.APIAddr, "api-addr", "127.0.0.1:8080", "control-plane listen address")
 	str(&s.DataPlaneAddr, "data-plane-addr", "127.0.0.1:8090", "data-plane (command streams) listen address")
 	str(&s.ECWAddr, "ecw-addr", "127.0.0.1:3000", "E2B-compatible API listen address (E2B REST + envd); empty turns it off")
@@ -181,6 +192,12 @@ func (s *Serve) Validate() error {
 	var errs []error
 	if s.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir must not be empty"))
+	}
+	if s.Store != "" && !postgres.IsURL(s.Store) {
+		errs = append(errs, errors.New("--store must be empty (SQLite in the data directory) or a postgres:// URL"))
+	}
+	if s.BlobStore != "" && !blobstore.IsURL(s.BlobStore) {
+		errs = append(errs, errors.New("--blob-store must be empty or an s3:// URL"))
 	}
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key must be given together"))

@@ -68,8 +68,12 @@ type Config struct {
 	// SnapshotRoot holds one directory per sandbox for suspend snapshots,
 	// one per snapshot (snap_…) and one per fork in flight (op_…).
 	SnapshotRoot string
-	Logger       *slog.Logger
-	Observer     Observer
+	// Archive, when set, keeps every suspend snapshot in a blob store too:
+	// a suspend succeeds once it is stored there, a wake fetches it when
+	// the node has no copy.
+	Archive  Archive
+	Logger   *slog.Logger
+	Observer Observer
 	// Network gives sandboxes of runtimes that take one a network (nil:
 	// no sandbox has a network).
 	Network Network
@@ -376,8 +380,8 @@ func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, rend
 			return errdefs.New(errdefs.Unavailable, "runtime %q of sandbox %s is not available on this server", sb.Runtime, id)
 		}
 		op.From = sb.State
+		immediate = tr.Immediate // (a store may decide more than once)
 		if tr.Immediate {
-			immediate = true
 			op.State, op.CompletedAt = sandbox.OpSucceeded, &now
 			return nil
 		}

@@ -34,6 +34,12 @@ type world struct {
 // newWorld builds an engine over a real SQLite store and the FAKE runtime.
 func newWorld(t *testing.T, dir string, fake fakeruntime.Config) *world {
 	t.Helper()
+	return newWorldWith(t, dir, fake, nil)
+}
+
+// newWorldWith is newWorld with the engine's configuration changed by set.
+func newWorldWith(t *testing.T, dir string, fake fakeruntime.Config, set func(*lifecycle.Config)) *world {
+	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "space.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +49,11 @@ func newWorld(t *testing.T, dir string, fake fakeruntime.Config) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := lifecycle.New(lifecycle.Config{Store: st, Runtimes: []runtime.Runtime{rt}, Templates: fakeruntime.Templates{}, SnapshotRoot: filepath.Join(dir, "snapshots"), OperationTimeout: 5 * time.Second})
+	cfg := lifecycle.Config{Store: st, Runtimes: []runtime.Runtime{rt}, Templates: fakeruntime.Templates{}, SnapshotRoot: filepath.Join(dir, "snapshots"), OperationTimeout: 5 * time.Second}
+	if set != nil {
+		set(&cfg)
+	}
+	eng, err := lifecycle.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

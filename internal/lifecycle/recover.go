@@ -29,10 +29,14 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	e.started = true
-	e.loops.Add(2)
+	e.loops.Add(3)
 	e.mu.Unlock()
 	go e.runIdle(e.cfg.IdleInterval)
 	go e.runPools()
+	go func() {
+		defer e.loops.Done()
+		e.sweepArchive(e.life)
+	}()
 	for _, op := range ops {
 		if op.Kind == sandbox.OpBuild {
 			e.failInterruptedBuild(ctx, op)
@@ -71,6 +75,9 @@ func (e *Engine) readopt(ctx context.Context, sb *sandbox.Sandbox) {
 	want := runtime.StatusOf(sb.State)
 	if status == want {
 		return
+	}
+	if status == runtime.StatusAbsent && e.archived(sb) && !hasFiles(spec.SnapshotDir) {
+		return // its snapshot is in the blob store: a wake fetches it
 	}
 	to, info := runtime.StateOf(status), (*sandbox.ErrorInfo)(nil)
 	if status == runtime.StatusAbsent {

@@ -84,6 +84,19 @@ func (e *Engine) execute(op sandbox.Operation) {
 		return
 	}
 	spec := e.spec(sb)
+	if op.Kind == sandbox.OpWake && op.From == sandbox.Suspended {
+		if err := e.fetchSnapshot(ctx, sb.ID, spec.SnapshotDir); err != nil {
+			if e.life.Err() != nil {
+				log.Info("operation interrupted by shutdown; it resumes at next start")
+				return
+			}
+			// Nothing changed on the host: the sandbox stays suspended,
+			// and a later wake tries again.
+			log.Error("operation failed", "err", err)
+			e.finish(log, op, start, sandbox.OpFailed, operationError(op, err), sandbox.Suspended, nil)
+			return
+		}
+	}
 	if op.Kind == sandbox.OpCreate || (op.Kind == sandbox.OpWake && op.From == sandbox.Suspended) {
 		err = e.attach(ctx, rt, sb, &spec, true)
 	}
@@ -105,6 +118,7 @@ func (e *Engine) execute(op sandbox.Operation) {
 			if rmErr := os.RemoveAll(spec.SnapshotDir); rmErr != nil {
 				log.Warn("remove snapshot directory", "err", rmErr)
 			}
+			e.forgetSnapshot(bk, sb.ID)
 		}
 		e.finish(log, op, start, sandbox.OpSucceeded, nil, to, nil)
 		return
@@ -132,7 +146,10 @@ func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operati
 		if op.From == sandbox.Running {
 			e.flush(ctx, rt, spec)
 		}
-		return rt.Suspend(ctx, spec)
+		if err := rt.Suspend(ctx, spec); err != nil {
+			return err
+		}
+		return e.archiveSnapshot(ctx, spec.SandboxID, spec.SnapshotDir)
 	case sandbox.OpWake:
 		var err error
 		if op.From == sandbox.Suspended {
@@ -181,6 +198,7 @@ func (e *Engine) fail(ctx context.Context, log interface {
 	case status == runtime.StatusAbsent && op.Kind == sandbox.OpDelete:
 		e.detach(octx, spec.SandboxID)
 		os.RemoveAll(spec.SnapshotDir)
+		e.forgetSnapshot(octx, spec.SandboxID)
 		e.finish(log, op, start, sandbox.OpSucceeded, nil, sandbox.Deleted, nil)
 	case status == runtime.StatusAbsent:
 		lost := &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: "the runtime lost the sandbox during " + string(op.Kind)}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/api"
 	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/blobstore"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/ecw"
@@ -31,7 +32,6 @@ import (
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
-	"github.com/spacesandbox/space/internal/store/sqlite"
 	"github.com/spacesandbox/space/internal/templates"
 	"github.com/spacesandbox/space/internal/usage"
 )
@@ -83,11 +83,28 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	bootID := newBootID()
 	log = log.With("boot_id", bootID)
 
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, DBFile))
+	st, err := OpenStore(ctx, cfg.Store, cfg.DataDir)
 	if err != nil {
-		return fmt.Errorf("open store: %w", err)
+		return err
 	}
 	defer st.Close()
+	// A shared database serves one server at a time: each recovers the
+	// sandboxes it records as its own.
+	if x, ok := st.(interface{ Exclusive(context.Context) error }); ok {
+		if err := x.Exclusive(ctx); err != nil {
+			return err
+		}
+	}
+
+	var archive lifecycle.Archive
+	if cfg.BlobStore != "" {
+		bs, err := blobstore.Open(ctx, cfg.BlobStore)
+		if err != nil {
+			return err
+		}
+		archive = bs
+		log.Info("suspend snapshots are kept in the blob store", "blob_store", bs.String())
+	}
 
 	tokens := auth.New(st)
 	if path, err := tokens.Bootstrap(ctx, cfg.DataDir); err != nil {
@@ -129,7 +146,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		Network: netIface, DefaultEgress: cfg.DefaultEgress,
 		DefaultWarmPools: pools,
 		Store:            st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
-		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Logger: log, Observer: m,
+		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Archive: archive, Logger: log, Observer: m,
 		OperationTimeout: cfg.OperationTimeout, MaxActiveSandboxes: cfg.MaxSandboxes,
 		DefaultAutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: cfg.IdleTimeout.String(), IdleAction: cfg.IdleAction},
 		SuspendPausedAfter:   cfg.SuspendPausedAfter,
@@ -249,7 +266,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 			}
 		}()
 	}
-	log.Info("serving", "api_addr", apiLn.Addr().String(), "data_plane_addr", dataLn.Addr().String(), "ecw_addr", ecwAddr, "tls", cfg.TLS(), "data_dir", cfg.DataDir)
+	log.Info("serving", "api_addr", apiLn.Addr().String(), "data_plane_addr", dataLn.Addr().String(), "ecw_addr", ecwAddr, "tls", cfg.TLS(), "data_dir", cfg.DataDir, "store", storeKind(cfg.Store))
 	if ready != nil {
 		ready(apiLn.Addr(), dataLn.Addr())
 	}

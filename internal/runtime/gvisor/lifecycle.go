@@ -279,20 +279,13 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 		return err
 	}
 	// Older generations are not needed once this checkpoint holds all the
-	// sandbox's memory; removing hundreds of MiB need not delay the answer.
+	// sandbox's memory. They go before Suspend returns, so the directory
+	// is the snapshot and nothing else (a blob store uploads all of it).
 	ents, _ := os.ReadDir(dir)
-	var old []string
 	for _, e := range ents {
 		if e.IsDir() && e.Name() != gen {
-			old = append(old, filepath.Join(dir, e.Name()))
+			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
-	}
-	if len(old) > 0 {
-		go func() {
-			for _, o := range old {
-				os.RemoveAll(o)
-			}
-		}()
 	}
 	return nil
 }

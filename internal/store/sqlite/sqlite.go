@@ -1,5 +1,7 @@
 // Package sqlite is the embedded Store: SQLite through a pure-Go driver (no
 // cgo), in WAL mode, one writer connection and a pool of read-only readers.
+// The queries are sqlstore's; this package opens the file and says how
+// SQLite differs.
 package sqlite
 
 import (
@@ -9,21 +11,15 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/spacesandbox/space/internal/errdefs"
-	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/store/sqlstore"
 )
 
 // Store is a store.Store on a SQLite file.
-type Store struct {
-	w *sql.DB // the single writer; transactions begin IMMEDIATE
-	r *sql.DB // read-only pool
-}
-
-var _ store.Store = (*Store)(nil)
+type Store = sqlstore.Store
 
 // Open opens (creating if needed) the database at path and migrates it.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -55,11 +51,6 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w}
-	if err := s.migrate(ctx); err != nil {
-		w.Close()
-		return nil, err
-	}
 	r, err := sql.Open("sqlite", dsn(true))
 	if err != nil {
 		w.Close()
@@ -67,70 +58,22 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	r.SetMaxOpenConns(8)
 	r.SetMaxIdleConns(8)
-	s.r = r
+	s, err := sqlstore.New(ctx, dialect, w, r, func() error { return errors.Join(r.Close(), w.Close()) })
+	if err != nil {
+		r.Close()
+		w.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
-// Close closes the database.
-func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close())
-}
-
-// Ping reads the database (readiness).
-func (s *Store) Ping(ctx context.Context) error {
-	var n int
-	err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM sandboxes LIMIT 1)`).Scan(&n)
-	return storageError(err)
-}
-
-func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
-		return fmt.Errorf("create schema_migrations: %w", err)
-	}
-	for i, m := range migrations {
-		version := i + 1
-		err := s.tx(ctx, func(tx *sql.Tx) error {
-			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`, version).Scan(&n); err != nil {
-				return err
-			}
-			if n > 0 {
-				return nil
-			}
-			if _, err := tx.ExecContext(ctx, m); err != nil {
-				return err
-			}
-			_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(version, applied_at) VALUES (?, ?)`, version, time.Now().Unix())
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("apply migration %d: %w", version, err)
-		}
-	}
-	var max int
-	if err := s.w.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&max); err != nil {
-		return fmt.Errorf("read schema version: %w", err)
-	}
-	if max > len(migrations) {
-		return fmt.Errorf("database schema version %d is newer than this binary (%d)", max, len(migrations))
-	}
-	return nil
-}
-
-// tx runs fn in a write transaction and commits it when fn returns nil.
-func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin transaction: %w", err)
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return storageError(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return storageError(fmt.Errorf("commit: %w", err))
-	}
-	return nil
+var dialect = &sqlstore.Dialect{
+	Name:         "sqlite",
+	Migrations:   migrations,
+	DigestExpr:   `json_extract(doc, '$.template.digest')`,
+	IsUnique:     isUnique,
+	Retry:        func(error) bool { return false }, // one writer: nothing to lose
+	StorageError: storageError,
 }
 
 // storageError gives SQLite's "disk full" and "read-only / I/O error" the
@@ -150,8 +93,6 @@ func storageError(err error) error {
 }
 
 func isUnique(err error) bool {
-	// modernc reports constraint violations in the error text; the code
-	// (SQLITE_CONSTRAINT_UNIQUE / PRIMARYKEY) is in the message as well.
 	var e interface{ Code() int }
 	if errors.As(err, &e) {
 		c := e.Code()

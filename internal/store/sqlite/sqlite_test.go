@@ -12,6 +12,18 @@ import (
 	"github.com/spacesandbox/space/internal/store/storetest"
 )
 
+func TestMain(m *testing.M) {
+	storetest.WorkerMain(func(ctx context.Context, path string) (store.Store, error) { return sqlite.Open(ctx, path) })
+	os.Exit(m.Run())
+}
+
+// TestRacesAcrossProcesses: processes sharing one database file race on the
+// same idempotency key, sandbox, warm pool and limit.
+func TestRacesAcrossProcesses(t *testing.T) {
+	storetest.RunRaces(t, func(t *testing.T) string { return filepath.Join(t.TempDir(), "space.db") },
+		func(ctx context.Context, path string) (store.Store, error) { return sqlite.Open(ctx, path) })
+}
+
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Opener {
 		path := filepath.Join(t.TempDir(), "space.db")

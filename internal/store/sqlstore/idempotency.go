@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 // This file is store.Idempotency: idempotency keys and their responses.
 
@@ -16,7 +16,7 @@ import (
 func (s *Store) ReserveIdempotencyKey(ctx context.Context, r store.IdempotencyRecord) (*store.IdempotencyRecord, bool, error) {
 	var out *store.IdempotencyRecord
 	var reserved bool
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *tx) error {
 		existing, err := getIdem(ctx, tx, r.Key)
 		if err == nil && existing.State == store.IdemDone && !existing.ExpiresAt.After(r.CreatedAt) {
 			// Expired: forget it and treat the key as new.
@@ -31,6 +31,11 @@ func (s *Store) ReserveIdempotencyKey(ctx context.Context, r store.IdempotencyRe
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO idempotency_keys(key, fingerprint, owner, state, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)`,
 			r.Key, r.Fingerprint, r.Owner, store.IdemInFlight, r.CreatedAt.UnixNano(), r.ExpiresAt.UnixNano())
+		if tx.d.IsUnique(err) {
+			// Another process reserved it since this transaction began:
+			// a fresh one reads its record.
+			return errRetry
+		}
 		if err != nil {
 			return fmt.Errorf("reserve idempotency key: %w", err)
 		}
@@ -63,7 +68,7 @@ func (s *Store) GetIdempotencyKey(ctx context.Context, key string) (*store.Idemp
 	return getIdem(ctx, s.r, key)
 }
 
-func completeIdem(ctx context.Context, tx *sql.Tx, c *store.Completion) error {
+func completeIdem(ctx context.Context, tx *tx, c *store.Completion) error {
 	if c == nil || c.Key == "" {
 		return nil
 	}
@@ -83,7 +88,7 @@ func completeIdem(ctx context.Context, tx *sql.Tx, c *store.Completion) error {
 }
 
 func (s *Store) CompleteIdempotencyKey(ctx context.Context, c store.Completion) error {
-	return s.tx(ctx, func(tx *sql.Tx) error { return completeIdem(ctx, tx, &c) })
+	return s.tx(ctx, func(tx *tx) error { return completeIdem(ctx, tx, &c) })
 }
 
 func (s *Store) ReleaseIdempotencyKey(ctx context.Context, key string) error {

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 // This file is store.Sandboxes: sandboxes and their operations.
 
@@ -16,7 +16,7 @@ import (
 )
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *store.Completion, maxActive int) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		if err := checkActive(ctx, tx, maxActive, 1); err != nil {
 			return err
 		}
@@ -31,7 +31,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sand
 }
 
 func (s *Store) BeginFork(ctx context.Context, op *sandbox.Operation, forks []*sandbox.Sandbox, maxActive int, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
-	return s.begin(ctx, op, decide, func(tx *sql.Tx) error {
+	return s.begin(ctx, op, decide, func(tx *tx) error {
 		if err := checkActive(ctx, tx, maxActive, len(forks)); err != nil {
 			return err
 		}
@@ -46,7 +46,7 @@ func (s *Store) BeginFork(ctx context.Context, op *sandbox.Operation, forks []*s
 
 // checkActive refuses adding more sandboxes when that would take the server
 // past maxActive active ones (0: no limit).
-func checkActive(ctx context.Context, tx *sql.Tx, maxActive, more int) error {
+func checkActive(ctx context.Context, tx *tx, maxActive, more int) error {
 	if maxActive <= 0 {
 		return nil
 	}
@@ -62,7 +62,7 @@ func checkActive(ctx context.Context, tx *sql.Tx, maxActive, more int) error {
 }
 
 func (s *Store) CreateOperation(ctx context.Context, op *sandbox.Operation, idem *store.Completion) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		if err := insertOperation(ctx, tx, op); err != nil {
 			return err
 		}
@@ -70,14 +70,14 @@ func (s *Store) CreateOperation(ctx context.Context, op *sandbox.Operation, idem
 	})
 }
 
-func insertSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
+func insertSandbox(ctx context.Context, tx *tx, sb *sandbox.Sandbox) error {
 	doc, err := json.Marshal(sb)
 	if err != nil {
 		return fmt.Errorf("encode sandbox: %w", err)
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, pool, doc) VALUES (?, ?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, sb.Pool, doc)
 	if err != nil {
-		if isUnique(err) {
+		if tx.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "sandbox %s already exists", sb.ID)
 		}
 		return fmt.Errorf("insert sandbox: %w", err)
@@ -85,14 +85,14 @@ func insertSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
 	return nil
 }
 
-func insertOperation(ctx context.Context, tx *sql.Tx, op *sandbox.Operation) error {
+func insertOperation(ctx context.Context, tx *tx, op *sandbox.Operation) error {
 	doc, err := json.Marshal(op)
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO operations(id, sandbox_id, state, from_state, doc) VALUES (?, ?, ?, ?, ?)`, op.ID, op.SandboxID, op.State, op.From, doc)
 	if err != nil {
-		if isUnique(err) {
+		if tx.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "operation %s already exists", op.ID)
 		}
 		return fmt.Errorf("insert operation: %w", err)
@@ -100,7 +100,7 @@ func insertOperation(ctx context.Context, tx *sql.Tx, op *sandbox.Operation) err
 	return nil
 }
 
-func updateSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
+func updateSandbox(ctx context.Context, tx *tx, sb *sandbox.Sandbox) error {
 	doc, err := json.Marshal(sb)
 	if err != nil {
 		return fmt.Errorf("encode sandbox: %w", err)
@@ -112,7 +112,7 @@ func updateSandbox(ctx context.Context, tx *sql.Tx, sb *sandbox.Sandbox) error {
 	return nil
 }
 
-func updateOperation(ctx context.Context, tx *sql.Tx, op *sandbox.Operation) error {
+func updateOperation(ctx context.Context, tx *tx, op *sandbox.Operation) error {
 	doc, err := json.Marshal(op)
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
@@ -286,9 +286,11 @@ func (s *Store) BeginOperation(ctx context.Context, op *sandbox.Operation, decid
 }
 
 // begin is BeginOperation with more writes (also) in the same transaction.
-func (s *Store) begin(ctx context.Context, op *sandbox.Operation, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error), also func(*sql.Tx) error) (*sandbox.Sandbox, error) {
+func (s *Store) begin(ctx context.Context, op *sandbox.Operation, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error), also func(*tx) error) (*sandbox.Sandbox, error) {
 	var out *sandbox.Sandbox
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	orig := *op // a transaction run again decides afresh
+	err := s.tx(ctx, func(tx *tx) error {
+		*op = orig
 		if also != nil {
 			if err := also(tx); err != nil {
 				return err
@@ -315,7 +317,7 @@ func (s *Store) begin(ctx context.Context, op *sandbox.Operation, decide func(*s
 }
 
 func (s *Store) UpdateOperationState(ctx context.Context, opID string, state sandbox.OpState, at time.Time) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		op, err := getOperation(ctx, tx, opID)
 		if err != nil {
 			return err
@@ -330,7 +332,7 @@ func (s *Store) UpdateOperationState(ctx context.Context, opID string, state san
 }
 
 func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		op, err := getOperation(ctx, tx, f.OperationID)
 		if err != nil {
 			return err
@@ -383,7 +385,7 @@ func (s *Store) FinishOperation(ctx context.Context, f store.Finish) error {
 
 func (s *Store) UpdateSandbox(ctx context.Context, id string, mutate func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
 	var out *sandbox.Sandbox
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *tx) error {
 		sb, err := getSandbox(ctx, tx, id)
 		if err != nil {
 			return err
@@ -416,7 +418,7 @@ func (s *Store) CountSandboxes(ctx context.Context) ([]store.SandboxCount, error
 }
 
 func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		sb, err := getSandbox(ctx, tx, id)
 		if err != nil {
 			return err
@@ -430,8 +432,9 @@ func (s *Store) TouchSandbox(ctx context.Context, id string, at time.Time) error
 
 // TemplatesInUse reads the digest out of each live sandbox's document.
 func (s *Store) TemplatesInUse(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT json_extract(doc, '$.template.digest') FROM sandboxes WHERE state != ?
-		UNION SELECT DISTINCT json_extract(doc, '$.template.digest') FROM snapshots`, sandbox.Deleted)
+	digest := s.d.DigestExpr
+	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT `+digest+` FROM sandboxes WHERE state != ?
+		UNION SELECT DISTINCT `+digest+` FROM snapshots`, sandbox.Deleted)
 	if err != nil {
 		return nil, fmt.Errorf("list template references: %w", err)
 	}

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 // This file is store.Tokens: API tokens.
 
@@ -16,7 +16,7 @@ import (
 func (s *Store) CreateToken(ctx context.Context, t *store.Token) error {
 	_, err := s.w.ExecContext(ctx, `INSERT INTO tokens(id, name, hash, created_at) VALUES (?, ?, ?, ?)`, t.ID, t.Name, t.Hash, t.CreatedAt.UnixNano())
 	if err != nil {
-		if isUnique(err) {
+		if s.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "token already exists")
 		}
 		return fmt.Errorf("insert token: %w", err)

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 // This file is store.Snapshots: saved sandboxes.
 
@@ -16,10 +16,10 @@ import (
 )
 
 func (s *Store) BeginSnapshot(ctx context.Context, op *sandbox.Operation, snap *sandbox.Snapshot, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
-	return s.begin(ctx, op, decide, func(tx *sql.Tx) error { return writeSnapshot(ctx, tx, snap, true) })
+	return s.begin(ctx, op, decide, func(tx *tx) error { return writeSnapshot(ctx, tx, snap, true) })
 }
 
-func writeSnapshot(ctx context.Context, tx *sql.Tx, snap *sandbox.Snapshot, insert bool) error {
+func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert bool) error {
 	doc, err := json.Marshal(snap)
 	if err != nil {
 		return fmt.Errorf("encode snapshot: %w", err)
@@ -30,7 +30,7 @@ func writeSnapshot(ctx context.Context, tx *sql.Tx, snap *sandbox.Snapshot, inse
 	}
 	if insert {
 		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, name, state, tag, doc) VALUES (?, ?, ?, ?, ?, ?)`, snap.ID, snap.SandboxID, snap.Name, snap.State, tag, doc)
-		if isUnique(err) {
+		if tx.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "snapshot %s already exists", snap.ID)
 		}
 	} else {
@@ -100,7 +100,7 @@ func (s *Store) ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store
 }
 
 func (s *Store) DeleteSnapshot(ctx context.Context, id string, check func(*sandbox.Snapshot) error) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		if _, err := checkedSnapshot(ctx, tx, id, check); err != nil {
 			return err
 		}
@@ -112,7 +112,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string, check func(*sandb
 }
 
 // checkedSnapshot reads a snapshot in tx and lets check (if any) refuse it.
-func checkedSnapshot(ctx context.Context, tx *sql.Tx, id string, check func(*sandbox.Snapshot) error) (*sandbox.Snapshot, error) {
+func checkedSnapshot(ctx context.Context, tx *tx, id string, check func(*sandbox.Snapshot) error) (*sandbox.Snapshot, error) {
 	snap, err := getSnapshot(ctx, tx, id)
 	if err != nil {
 		return nil, err
@@ -127,7 +127,7 @@ func checkedSnapshot(ctx context.Context, tx *sql.Tx, id string, check func(*san
 
 func (s *Store) TagSnapshot(ctx context.Context, id, ref string, check func(*sandbox.Snapshot) error) (*sandbox.Snapshot, error) {
 	var out *sandbox.Snapshot
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *tx) error {
 		snap, err := checkedSnapshot(ctx, tx, id, check)
 		if err != nil {
 			return err
@@ -166,7 +166,7 @@ func (s *Store) SnapshotByTag(ctx context.Context, ref string) (*sandbox.Snapsho
 }
 
 // finishSnapshot records a snapshot operation's outcome on its snapshot.
-func finishSnapshot(ctx context.Context, tx *sql.Tx, o *store.SnapshotOutcome, at time.Time) error {
+func finishSnapshot(ctx context.Context, tx *tx, o *store.SnapshotOutcome, at time.Time) error {
 	snap, err := getSnapshot(ctx, tx, o.SnapshotID)
 	if err != nil {
 		return err

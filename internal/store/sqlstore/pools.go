@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 // This file is store.Pools: warm-pool settings and claims.
 
@@ -17,7 +17,7 @@ import (
 func (s *Store) ClaimPoolSandbox(ctx context.Context, pool string, claim func(*sandbox.Sandbox) (*sandbox.Operation, *store.Completion, error)) (*sandbox.Sandbox, *sandbox.Operation, error) {
 	var sb *sandbox.Sandbox
 	var op *sandbox.Operation
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *tx) error {
 		var id string
 		err := tx.QueryRowContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state = 'running' AND active_op = '' ORDER BY seq LIMIT 1`, pool).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -1,0 +1,123 @@
+package lifecycle
+
+// Suspended sandboxes' snapshots in a blob store (--blob-store): a suspend
+// succeeds only once its snapshot is stored there; a wake that finds no
+// local copy fetches it (verified) first; a delete removes it; at start,
+// snapshots of sandboxes that are gone, and what interrupted uploads left,
+// are removed.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// Archive keeps suspend snapshots off the node (internal/blobstore). A
+// snapshot is a directory; key is its sandbox's id.
+type Archive interface {
+	// Put stores the files under dir as key's snapshot, replacing the
+	// previous one only once all of it is durable; it returns the bytes
+	// stored.
+	Put(ctx context.Context, key, dir string) (int64, error)
+	// Get fetches key's snapshot into dir (which it replaces), verifying
+	// every file; a damaged snapshot is errdefs.FailedPrecondition and
+	// leaves nothing at dir; none stored is errdefs.NotFound.
+	Get(ctx context.Context, key, dir string) (int64, error)
+	// Delete removes key's snapshot.
+	Delete(ctx context.Context, key string) error
+	// Prune removes what belongs to no snapshot under key (an upload cut
+	// short).
+	Prune(ctx context.Context, key string) error
+	// Keys lists the keys that have anything stored.
+	Keys(ctx context.Context) ([]string, error)
+}
+
+// archiveSnapshot uploads a suspended sandbox's snapshot.
+func (e *Engine) archiveSnapshot(ctx context.Context, id, dir string) error {
+	if e.cfg.Archive == nil {
+		return nil
+	}
+	start := time.Now()
+	n, err := e.cfg.Archive.Put(ctx, id, dir)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "the snapshot could not be stored in the blob store; the sandbox stays suspended on this node")
+	}
+	e.log.Info("snapshot stored in the blob store", "sandbox_id", id, "bytes", n, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// fetchSnapshot brings a suspended sandbox's snapshot back from the blob
+// store when the node has no copy of it.
+func (e *Engine) fetchSnapshot(ctx context.Context, id, dir string) error {
+	if e.cfg.Archive == nil || hasFiles(dir) {
+		return nil
+	}
+	start := time.Now()
+	n, err := e.cfg.Archive.Get(ctx, id, dir)
+	if err != nil {
+		if errdefs.KindOf(err) != nil {
+			return err
+		}
+		return errdefs.Wrap(errdefs.Unavailable, err, "the snapshot could not be fetched from the blob store; the sandbox stays suspended")
+	}
+	e.log.Info("snapshot fetched from the blob store", "sandbox_id", id, "bytes", n, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// forgetSnapshot removes a deleted sandbox's stored snapshot; one left
+// behind is removed at the next start.
+func (e *Engine) forgetSnapshot(ctx context.Context, id string) {
+	if e.cfg.Archive == nil {
+		return
+	}
+	if err := e.cfg.Archive.Delete(ctx, id); err != nil {
+		e.log.Warn("remove the sandbox's snapshot from the blob store", "sandbox_id", id, "err", err)
+	}
+}
+
+// archived says a suspended sandbox the node has no copy of still has its
+// snapshot in the blob store (a restart must not take it for lost).
+func (e *Engine) archived(sb *sandbox.Sandbox) bool {
+	return e.cfg.Archive != nil && sb.State == sandbox.Suspended
+}
+
+// sweepArchive removes stored snapshots of sandboxes that are gone and
+// what interrupted uploads left beside the others.
+func (e *Engine) sweepArchive(ctx context.Context) {
+	if e.cfg.Archive == nil {
+		return
+	}
+	keys, err := e.cfg.Archive.Keys(ctx)
+	if err != nil {
+		e.log.Warn("list the blob store's snapshots", "err", err)
+		return
+	}
+	for _, k := range keys {
+		sb, err := e.store.GetSandbox(ctx, k)
+		switch {
+		case errors.Is(err, errdefs.NotFound) || (err == nil && sb.State == sandbox.Deleted):
+			err = e.cfg.Archive.Delete(ctx, k)
+		case err == nil && sb.ActiveOperation == "":
+			// (An operation in flight may be uploading: it prunes when done.)
+			err = e.cfg.Archive.Prune(ctx, k)
+		}
+		if err != nil {
+			e.log.Warn("sweep the blob store", "sandbox_id", k, "err", err)
+		}
+	}
+}
+
+// hasFiles says dir exists and holds something.
+func hasFiles(dir string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(1)
+	return len(names) > 0
+}

@@ -1,0 +1,144 @@
+// Package postgres is the Store control planes share: PostgreSQL through
+// pgx, a pool of connections, transactions SERIALIZABLE (a conflict with
+// another process is retried by sqlstore). The queries are sqlstore's; this
+// package connects and says how PostgreSQL differs.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store/sqlstore"
+)
+
+// Store is a store.Store on a PostgreSQL database.
+type Store struct {
+	*sqlstore.Store
+	db   *sql.DB
+	held *sql.Conn // the session that holds the server lock (Exclusive)
+}
+
+// IsURL says spec names a PostgreSQL database (postgres:// or
+// postgresql://).
+func IsURL(spec string) bool {
+	return strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
+}
+
+// Open connects to the database url names (a libpq URL: postgres://user@host:port/db?sslmode=…;
+// the password may also come from PGPASSWORD or ~/.pgpass) and migrates it.
+// Errors never carry the password.
+func Open(ctx context.Context, url string) (*Store, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		// pgx's parse errors quote the URL; ours says only what is wrong.
+		return nil, errors.New("parse the PostgreSQL URL: it is not a valid postgres:// URL")
+	}
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	db.SetConnMaxLifetime(time.Hour)
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL at %s:%d/%s: %w", cfg.Host, cfg.Port, cfg.Database, err)
+	}
+	s := &Store{db: db}
+	st, err := sqlstore.New(ctx, dialect, db, db, s.close)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.Store = st
+	return s, nil
+}
+
+func (s *Store) close() error {
+	var err error
+	if s.held != nil {
+		err = s.held.Close() // ends the session: the lock goes with it
+	}
+	return errors.Join(err, s.db.Close())
+}
+
+// serverLock is the advisory lock a serving process holds on its database.
+const serverLock = 0x5350414345 // "SPACE"
+
+// Exclusive makes this process the only SPACE server on the database for as
+// long as the Store is open: a server recovers and sweeps every sandbox
+// the database records as its own, so a second one would take the first's
+// sandboxes for lost. It fails with FailedPrecondition when another holds
+// it. (Several control planes share one database once sandboxes record the
+// node that runs them.)
+func (s *Store) Exclusive(ctx context.Context) error {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("take a connection for the server lock: %w", err)
+	}
+	var ok bool
+	if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, serverLock).Scan(&ok); err != nil {
+		c.Close()
+		return fmt.Errorf("take the server lock: %w", err)
+	}
+	if !ok {
+		c.Close()
+		return errdefs.New(errdefs.FailedPrecondition, "another SPACE server is using this PostgreSQL database")
+	}
+	s.held = c
+	return nil
+}
+
+var dialect = &sqlstore.Dialect{
+	Name:          "postgres",
+	Numbered:      true,
+	Migrations:    migrations,
+	MigrationLock: `SELECT pg_advisory_xact_lock(7355608)`,
+	TxOptions:     &sql.TxOptions{Isolation: sql.LevelSerializable},
+	DigestExpr:    `(doc::jsonb #>> '{template,digest}')`,
+	IsUnique:      func(err error) bool { return code(err) == "23505" },
+	Retry: func(err error) bool {
+		c := code(err)
+		return c == "40001" || c == "40P01" // serialization_failure, deadlock_detected
+	},
+	StorageError: storageError,
+}
+
+func code(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// storageError gives a full disk and an unreachable database the kinds (507,
+// 503) a full or failing SQLite file has.
+func storageError(err error) error {
+	if err == nil {
+		return nil
+	}
+	c := code(err)
+	switch {
+	case c == "53100": // disk_full
+		return errdefs.Wrap(errdefs.InsufficientStorage, err, "the server's database is out of disk space")
+	case strings.HasPrefix(c, "08"), c == "57P01", c == "57P02", c == "57P03", c == "25006": // connection, shutdown, read-only
+		return errdefs.Wrap(errdefs.Unavailable, err, "the server's database cannot take requests")
+	}
+	var ne net.Error
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ne) || errors.As(err, &ce) {
+		return errdefs.Wrap(errdefs.Unavailable, err, "the server's database cannot be reached")
+	}
+	return err
+}

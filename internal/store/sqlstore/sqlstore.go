@@ -1,0 +1,232 @@
+// Package sqlstore is store.Store over database/sql, written once for the
+// SQL databases SPACE runs on. A Dialect says what differs between them:
+// placeholders, schema migrations, how a unique violation, a full disk or a
+// conflict that must be retried looks, and how a transaction is begun.
+// Packages sqlite (the embedded default) and postgres (shared by control
+// planes) each provide one.
+//
+// Every change is one transaction. SQLite has a single writer, so its
+// transactions never interleave; PostgreSQL runs them SERIALIZABLE, and a
+// transaction that loses a conflict with a concurrent one — another process
+// claiming the same pool sandbox, reserving the same idempotency key, moving
+// the same sandbox — is run again from the start, so the callbacks given to
+// the store may be called more than once and must only decide.
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Dialect is what differs between the databases Store runs on.
+type Dialect struct {
+	// Name names the database in errors ("sqlite", "postgres").
+	Name string
+	// Numbered placeholders ($1, $2 …) instead of ?.
+	Numbered bool
+	// Migrations are applied in order, each once, in its own transaction.
+	Migrations []string
+	// MigrationLock, when set, runs first in every migration transaction
+	// so that processes starting together migrate one at a time.
+	MigrationLock string
+	// TxOptions begin every write transaction.
+	TxOptions *sql.TxOptions
+	// DigestExpr extracts the template digest from a doc column.
+	DigestExpr string
+	// IsUnique says err is a unique-constraint violation.
+	IsUnique func(error) bool
+	// Retry says a transaction failed only because a concurrent one won a
+	// conflict, and may be run again.
+	Retry func(error) bool
+	// StorageError gives errors of a full or failing database their kind.
+	StorageError func(error) error
+}
+
+// Store is a store.Store on a SQL database.
+type Store struct {
+	d     *Dialect
+	w     *db // writes (SQLite: its one writer connection)
+	r     *db // reads (SQLite: a read-only pool; else the same pool as w)
+	close func() error
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New makes a Store over the databases w (writes) and r (reads; may be w)
+// and migrates the schema. close releases them.
+func New(ctx context.Context, d *Dialect, w, r *sql.DB, close func() error) (*Store, error) {
+	rb := &rebinder{numbered: d.Numbered}
+	s := &Store{d: d, w: &db{w, rb}, r: &db{r, rb}, close: close}
+	if err := s.migrate(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.close() }
+
+// Ping reads the database (readiness).
+func (s *Store) Ping(ctx context.Context) error {
+	var n int
+	err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM sandboxes LIMIT 1) AS t`).Scan(&n)
+	return s.d.StorageError(err)
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	ms := s.d.Migrations
+	for i := 0; i <= len(ms); i++ {
+		version := i // 0: the table of versions itself
+		err := s.tx(ctx, func(tx *tx) error {
+			if s.d.MigrationLock != "" {
+				if _, err := tx.ExecContext(ctx, s.d.MigrationLock); err != nil {
+					return fmt.Errorf("lock for migrations: %w", err)
+				}
+			}
+			if version == 0 {
+				_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)`)
+				return err
+			}
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`, version).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return nil
+			}
+			if _, err := tx.ExecContext(ctx, ms[version-1]); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(version, applied_at) VALUES (?, ?)`, version, time.Now().Unix())
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("apply %s migration %d: %w", s.d.Name, version, err)
+		}
+	}
+	var max int
+	if err := s.w.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&max); err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	if max > len(ms) {
+		return fmt.Errorf("database schema version %d is newer than this binary (%d)", max, len(ms))
+	}
+	return nil
+}
+
+// errRetry makes tx run a transaction again: it lost a race that only a
+// fresh start can see the outcome of (an idempotency key another process
+// inserted meanwhile).
+var errRetry = errors.New("retry the transaction")
+
+// maxAttempts bounds how often a transaction that keeps losing conflicts is
+// run; the last conflict is returned after that.
+const maxAttempts = 20
+
+// tx runs fn in a write transaction and commits it when fn returns nil; a
+// transaction that lost a conflict is run again.
+func (s *Store) tx(ctx context.Context, fn func(*tx) error) error {
+	var err error
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if attempt > 0 {
+			// Back off a little, at random, so that the racers part.
+			d := time.Duration(rand.Int64N(int64(time.Millisecond)<<min(attempt, 6))) + time.Millisecond
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		err = s.try(ctx, fn)
+		if err == nil || !(errors.Is(err, errRetry) || s.d.Retry(err)) {
+			return err
+		}
+	}
+	return fmt.Errorf("gave up after %d conflicting attempts: %w", maxAttempts, err)
+}
+
+func (s *Store) try(ctx context.Context, fn func(*tx) error) error {
+	t, err := s.w.db.BeginTx(ctx, s.d.TxOptions)
+	if err != nil {
+		return s.d.StorageError(fmt.Errorf("begin transaction: %w", err))
+	}
+	if err := fn(&tx{t, s.w.rb, s.d}); err != nil {
+		t.Rollback()
+		return s.d.StorageError(err)
+	}
+	if err := t.Commit(); err != nil {
+		return s.d.StorageError(fmt.Errorf("commit: %w", err))
+	}
+	return nil
+}
+
+// db and tx run queries written with ? placeholders on the dialect's.
+type db struct {
+	db *sql.DB
+	rb *rebinder
+}
+
+func (d *db) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	return d.db.ExecContext(ctx, d.rb.bind(q), args...)
+}
+
+func (d *db) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	return d.db.QueryContext(ctx, d.rb.bind(q), args...)
+}
+
+func (d *db) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	return d.db.QueryRowContext(ctx, d.rb.bind(q), args...)
+}
+
+type tx struct {
+	tx *sql.Tx
+	rb *rebinder
+	d  *Dialect
+}
+
+func (t *tx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(ctx, t.rb.bind(q), args...)
+}
+
+func (t *tx) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	return t.tx.QueryRowContext(ctx, t.rb.bind(q), args...)
+}
+
+// rebinder turns ? placeholders into $1, $2 … for databases that number
+// them; the queries are the package's own constants (no ? inside quotes),
+// so each is rewritten once and remembered.
+type rebinder struct {
+	numbered bool
+	cache    sync.Map // string → string
+}
+
+func (r *rebinder) bind(q string) string {
+	if !r.numbered {
+		return q
+	}
+	if b, ok := r.cache.Load(q); ok {
+		return b.(string)
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range q {
+		if c == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(c)
+	}
+	r.cache.Store(q, b.String())
+	return b.String()
+}
