@@ -1,6 +1,6 @@
 // Package postgres is the Store control planes share: PostgreSQL through
-// pgx, a pool of connections, transactions SERIALIZABLE (a conflict with
-// another process is retried by sqlstore). The queries are sqlstore's; this
+// pgx, a pool of connections, transactions READ COMMITTED that lock the rows
+// they change (see sqlstore). The queries are sqlstore's; this
 // package connects and says how PostgreSQL differs.
 package postgres
 
@@ -104,7 +104,9 @@ var dialect = &sqlstore.Dialect{
 	Numbered:      true,
 	Migrations:    migrations,
 	MigrationLock: `SELECT pg_advisory_xact_lock(7355608)`,
-	TxOptions:     &sql.TxOptions{Isolation: sql.LevelSerializable},
+	ForUpdate:     " FOR UPDATE",
+	SkipLocked:    " FOR UPDATE SKIP LOCKED",
+	LimitLock:     `SELECT pg_advisory_xact_lock(7355609)`,
 	DigestExpr:    `(doc::jsonb #>> '{template,digest}')`,
 	IsUnique:      func(err error) bool { return code(err) == "23505" },
 	Retry: func(err error) bool {

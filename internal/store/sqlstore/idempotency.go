@@ -51,7 +51,7 @@ func getIdem(ctx context.Context, q querier, key string) (*store.IdempotencyReco
 	var r store.IdempotencyRecord
 	var created, expires int64
 	var state string
-	err := q.QueryRowContext(ctx, `SELECT key, fingerprint, owner, state, status, body, location, created_at, expires_at FROM idempotency_keys WHERE key = ?`, key).
+	err := q.QueryRowContext(ctx, `SELECT key, fingerprint, owner, state, status, body, location, created_at, expires_at FROM idempotency_keys WHERE key = ?`+q.forUpdate(), key).
 		Scan(&r.Key, &r.Fingerprint, &r.Owner, &state, &r.Status, &r.Body, &r.Location, &created, &expires)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "idempotency key not found")

@@ -19,7 +19,7 @@ func (s *Store) ClaimPoolSandbox(ctx context.Context, pool string, claim func(*s
 	var op *sandbox.Operation
 	err := s.tx(ctx, func(tx *tx) error {
 		var id string
-		err := tx.QueryRowContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state = 'running' AND active_op = '' ORDER BY seq LIMIT 1`, pool).Scan(&id)
+		err := tx.QueryRowContext(ctx, `SELECT id FROM sandboxes WHERE pool = ? AND state = 'running' AND active_op = '' ORDER BY seq LIMIT 1`+tx.d.SkipLocked, pool).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			return errdefs.New(errdefs.NotFound, "warm pool %s has no ready sandbox", pool)
 		}

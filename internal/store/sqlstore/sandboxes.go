@@ -50,6 +50,13 @@ func checkActive(ctx context.Context, tx *tx, maxActive, more int) error {
 	if maxActive <= 0 {
 		return nil
 	}
+	if tx.d.LimitLock != "" {
+		// Admissions against the limit one at a time: the count below then
+		// sees every sandbox admitted before this one.
+		if _, err := tx.ExecContext(ctx, tx.d.LimitLock); err != nil {
+			return fmt.Errorf("lock the active-sandbox count: %w", err)
+		}
+	}
 	var n int
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed')`).Scan(&n); err != nil {
 		return fmt.Errorf("count active sandboxes: %w", err)
@@ -126,12 +133,15 @@ func updateOperation(ctx context.Context, tx *tx, op *sandbox.Operation) error {
 
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	// forUpdate is the clause that locks the rows a read returns until the
+	// transaction ends ("" outside one, and where one writer needs none).
+	forUpdate() string
 }
 
 func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, error) {
 	var doc []byte
 	var active, pool string
-	err := q.QueryRowContext(ctx, `SELECT doc, active_op, pool FROM sandboxes WHERE id = ?`, id).Scan(&doc, &active, &pool)
+	err := q.QueryRowContext(ctx, `SELECT doc, active_op, pool FROM sandboxes WHERE id = ?`+q.forUpdate(), id).Scan(&doc, &active, &pool)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "sandbox %s not found", id)
 	}
@@ -149,7 +159,7 @@ func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, er
 func getOperation(ctx context.Context, q querier, id string) (*sandbox.Operation, error) {
 	var doc []byte
 	var from string
-	err := q.QueryRowContext(ctx, `SELECT doc, from_state FROM operations WHERE id = ?`, id).Scan(&doc, &from)
+	err := q.QueryRowContext(ctx, `SELECT doc, from_state FROM operations WHERE id = ?`+q.forUpdate(), id).Scan(&doc, &from)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "operation %s not found", id)
 	}

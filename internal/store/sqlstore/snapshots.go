@@ -44,7 +44,7 @@ func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert b
 
 func getSnapshot(ctx context.Context, q querier, id string) (*sandbox.Snapshot, error) {
 	var doc []byte
-	err := q.QueryRowContext(ctx, `SELECT doc FROM snapshots WHERE id = ?`, id).Scan(&doc)
+	err := q.QueryRowContext(ctx, `SELECT doc FROM snapshots WHERE id = ?`+q.forUpdate(), id).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "snapshot %s not found", id)
 	}
@@ -144,14 +144,18 @@ func (s *Store) TagSnapshot(ctx context.Context, id, ref string, check func(*san
 		}
 		snap.Tag = ref
 		out = snap
-		return writeSnapshot(ctx, tx, snap, false)
+		err = writeSnapshot(ctx, tx, snap, false)
+		if tx.d.IsUnique(err) {
+			return errRetry // another process tagged a snapshot ref meanwhile
+		}
+		return err
 	})
 	return out, err
 }
 
 func snapshotByTag(ctx context.Context, q querier, ref string) (*sandbox.Snapshot, error) {
 	var id string
-	err := q.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE tag = ?`, ref).Scan(&id)
+	err := q.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE tag = ?`+q.forUpdate(), ref).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "no snapshot is tagged %s", ref)
 	}

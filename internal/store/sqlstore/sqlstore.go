@@ -6,11 +6,15 @@
 // planes) each provide one.
 //
 // Every change is one transaction. SQLite has a single writer, so its
-// transactions never interleave; PostgreSQL runs them SERIALIZABLE, and a
-// transaction that loses a conflict with a concurrent one — another process
-// claiming the same pool sandbox, reserving the same idempotency key, moving
-// the same sandbox — is run again from the start, so the callbacks given to
-// the store may be called more than once and must only decide.
+// transactions never interleave. On PostgreSQL (READ COMMITTED) a
+// transaction locks each row it reads before changing it (FOR UPDATE), so
+// two processes moving the same sandbox take turns and the second sees the
+// first's change; warm-pool claims skip rows another claim holds; creates
+// against the active-sandbox limit take turns on an advisory lock. A
+// transaction that still loses — a deadlock, or an idempotency key or
+// snapshot tag another process inserted since it looked — is run again from
+// the start, so the callbacks given to the store may be called more than
+// once and must only decide.
 package sqlstore
 
 import (
@@ -40,6 +44,11 @@ type Dialect struct {
 	MigrationLock string
 	// TxOptions begin every write transaction.
 	TxOptions *sql.TxOptions
+	// ForUpdate locks the rows a read in a write transaction returns
+	// (" FOR UPDATE"); SkipLocked picks a row no other transaction holds
+	// (" FOR UPDATE SKIP LOCKED", warm-pool claims); LimitLock runs before
+	// the active-sandbox count of a create. Empty for a single writer.
+	ForUpdate, SkipLocked, LimitLock string
 	// DigestExpr extracts the template digest from a doc column.
 	DigestExpr string
 	// IsUnique says err is a unique-constraint violation.
@@ -192,6 +201,10 @@ type tx struct {
 	rb *rebinder
 	d  *Dialect
 }
+
+func (d *db) forUpdate() string { return "" }
+
+func (t *tx) forUpdate() string { return t.d.ForUpdate }
 
 func (t *tx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	return t.tx.ExecContext(ctx, t.rb.bind(q), args...)
