@@ -79,25 +79,40 @@ const serverLock = 0x5350414345 // "SPACE"
 // long as the Store is open: a server recovers and sweeps every sandbox
 // the database records as its own, so a second one would take the first's
 // sandboxes for lost. It fails with FailedPrecondition when another holds
-// it. (Several control planes share one database once sandboxes record the
-// node that runs them.)
+// it for lockWait (a server killed a moment ago holds it until PostgreSQL
+// sees its connection close). (Several control planes share one database
+// once sandboxes record the node that runs them.)
 func (s *Store) Exclusive(ctx context.Context) error {
 	c, err := s.db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("take a connection for the server lock: %w", err)
 	}
-	var ok bool
-	if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, serverLock).Scan(&ok); err != nil {
-		c.Close()
-		return fmt.Errorf("take the server lock: %w", err)
+	deadline := time.Now().Add(lockWait)
+	for {
+		var ok bool
+		if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, serverLock).Scan(&ok); err != nil {
+			c.Close()
+			return fmt.Errorf("take the server lock: %w", err)
+		}
+		if ok {
+			s.held = c
+			return nil
+		}
+		if time.Now().After(deadline) {
+			c.Close()
+			return errdefs.New(errdefs.FailedPrecondition, "another SPACE server is using this PostgreSQL database (waited %s)", lockWait)
+		}
+		select {
+		case <-ctx.Done():
+			c.Close()
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	if !ok {
-		c.Close()
-		return errdefs.New(errdefs.FailedPrecondition, "another SPACE server is using this PostgreSQL database")
-	}
-	s.held = c
-	return nil
 }
+
+// lockWait is how long Exclusive waits for another server's lock.
+const lockWait = 10 * time.Second
 
 var dialect = &sqlstore.Dialect{
 	Name:          "postgres",
