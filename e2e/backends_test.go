@@ -173,6 +173,22 @@ func TestProductionBackends(t *testing.T) {
 	if objs := objectsOf(t, srv, bucket, sbx); len(objs) != 0 {
 		t.Errorf("after delete the bucket still holds %v", objs)
 	}
+
+	// The templates are in the bucket too: a node that lost its template
+	// store fetches what a create needs.
+	waitFor(t, "the templates pushed", func() bool { return strings.Contains(s.log(), "the node's templates are in the blob store") })
+	s.kill()
+	if err := os.RemoveAll(filepath.Join(s.dataDir, "templates")); err != nil {
+		t.Fatal(err)
+	}
+	s.start()
+	fresh := s.createRunning()
+	if tr, _ := s.runCommand(fresh, map[string]any{"command": []string{"echo", "from a fetched template"}}); strings.TrimSpace(string(tr.stdout)) != "from a fetched template" {
+		t.Fatalf("a sandbox of a fetched template: %q %v", tr.stdout, tr.events)
+	}
+	if !strings.Contains(s.log(), "template fetched from the blob store") {
+		t.Fatal("the server did not say it fetched the template")
+	}
 }
 
 // File is a snapshot manifest's entry (internal/blobstore).

@@ -17,6 +17,7 @@
 package blobstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -35,6 +36,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/spacesandbox/space/internal/durable"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -235,7 +237,7 @@ func (s *S3) Get(ctx context.Context, key, dir string) (int64, error) {
 		}
 		n += f.Size
 	}
-	if err := syncTree(tmp); err != nil {
+	if err := durable.SyncTree(tmp); err != nil {
 		return 0, err
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -405,18 +407,91 @@ func newUpload() string {
 	return fmt.Sprintf("u%d-%s", time.Now().UnixNano(), hex.EncodeToString(b))
 }
 
-// syncTree makes the downloaded files and their directories durable
-// before they are renamed into place.
-func syncTree(root string) error {
-	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+// Objects: single objects under the store's prefix, for what is not a
+// snapshot (templates). Names are slash-separated and relative to the
+// prefix.
+
+// PutStream stores what r yields as object name, streamed in parts of
+// bounded size (the length need not be known), and returns its size and
+// SHA-256.
+func (s *S3) PutStream(ctx context.Context, name string, r io.Reader) (int64, string, error) {
+	h := sha256.New()
+	info, err := s.c.PutObject(ctx, s.bucket, s.prefix+name, io.TeeReader(r, h), -1,
+		minio.PutObjectOptions{ContentType: "application/octet-stream", PartSize: partSize})
+	if err != nil {
+		return 0, "", fmt.Errorf("upload %s: %w", name, err)
+	}
+	return info.Size, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Open reads object name; errdefs.NotFound when there is none.
+func (s *S3) Open(ctx context.Context, name string) (io.ReadCloser, error) {
+	obj, err := s.c.GetObject(ctx, s.bucket, s.prefix+name, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("download %s: %w", name, err)
+	}
+	if _, err := obj.Stat(); err != nil {
+		obj.Close()
+		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			return nil, errdefs.New(errdefs.NotFound, "the blob store has no %s", name)
 		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
+		return nil, fmt.Errorf("download %s: %w", name, err)
+	}
+	return obj, nil
+}
+
+// PutSmall stores b as object name in one PUT (atomic).
+func (s *S3) PutSmall(ctx context.Context, name string, b []byte) error {
+	sum := sha256.Sum256(b)
+	_, err := s.c.PutObject(ctx, s.bucket, s.prefix+name, bytes.NewReader(b), int64(len(b)),
+		minio.PutObjectOptions{UserMetadata: map[string]string{"sha256": hex.EncodeToString(sum[:])}})
+	if err != nil {
+		return fmt.Errorf("upload %s: %w", name, err)
+	}
+	return nil
+}
+
+// GetSmall reads a small object PutSmall stored, checking its SHA-256;
+// errdefs.NotFound when there is none.
+func (s *S3) GetSmall(ctx context.Context, name string) ([]byte, error) {
+	obj, err := s.Open(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer obj.Close()
+	b, err := io.ReadAll(io.LimitReader(obj, maxManifest+1))
+	if err != nil {
+		return nil, fmt.Errorf("download %s: %w", name, err)
+	}
+	info, err := obj.(*minio.Object).Stat()
+	if err != nil {
+		return nil, fmt.Errorf("download %s: %w", name, err)
+	}
+	sum := sha256.Sum256(b)
+	if want := info.UserMetadata["Sha256"]; len(b) > maxManifest || (want != "" && want != hex.EncodeToString(sum[:])) {
+		return nil, errdefs.New(errdefs.FailedPrecondition, "the blob store's %s is damaged", name).
+			WithDetails(map[string]any{"reason": "object_corrupt"})
+	}
+	return b, nil
+}
+
+// List returns the names of the objects under prefix.
+func (s *S3) List(ctx context.Context, prefix string) ([]string, error) {
+	var out []string
+	for o := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix + prefix, Recursive: true}) {
+		if o.Err != nil {
+			return nil, fmt.Errorf("list %s: %w", prefix, o.Err)
 		}
-		defer f.Close()
-		return f.Sync()
-	})
+		out = append(out, strings.TrimPrefix(o.Key, s.prefix))
+	}
+	return out, nil
+}
+
+// Remove deletes object name (absent is success) and any multipart
+// upload of it left incomplete.
+func (s *S3) Remove(ctx context.Context, name string) error {
+	if err := s.c.RemoveObject(ctx, s.bucket, s.prefix+name, minio.RemoveObjectOptions{}); err != nil && minio.ToErrorResponse(err).Code != "NoSuchKey" {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	return s.abortIncomplete(ctx, s.prefix+name)
 }

@@ -29,10 +29,7 @@ func TestMain(m *testing.M) {
 func open(t *testing.T) (*blobstore.S3, *s3test.Server, string) {
 	t.Helper()
 	srv, url := s3test.Bucket(t)
-	for _, e := range s3test.Env() {
-		k, v, _ := strings.Cut(e, "=")
-		t.Setenv(k, v)
-	}
+	s3test.SetEnv(t)
 	s, err := blobstore.Open(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -305,10 +302,7 @@ func TestOpenRefusesBadURLs(t *testing.T) {
 		}
 	}
 	srv, _ := s3test.Bucket(t)
-	for _, e := range s3test.Env() {
-		k, v, _ := strings.Cut(e, "=")
-		t.Setenv(k, v)
-	}
+	s3test.SetEnv(t)
 	if _, err := blobstore.Open(context.Background(), "s3://nosuchbucket/p?endpoint="+srv.Endpoint); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("Open of a missing bucket = %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spacesandbox/space/internal/blobstore"
 	"github.com/spacesandbox/space/internal/server"
 	"github.com/spacesandbox/space/internal/templates"
 )
@@ -31,6 +32,7 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	fs := flag.NewFlagSet("space template", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
 	storeURL := fs.String("store", os.Getenv("SPACE_STORE"), "gc: the server's --store: empty for SQLite in the data directory, or a postgres:// URL (env SPACE_STORE)")
+	blobURL := fs.String("blob-store", os.Getenv("SPACE_BLOB_STORE"), "the server's --blob-store: builds, tags, rm and gc act on its templates there too (env SPACE_BLOB_STORE)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	pos, err := parse(fs, args[1:])
 	if err != nil {
@@ -61,6 +63,13 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	store, err := open(filepath.Join(*dataDir, "templates"))
 	if err != nil {
 		return err
+	}
+	if *blobURL != "" {
+		bs, err := blobstore.Open(ctx, *blobURL)
+		if err != nil {
+			return err
+		}
+		store.SetRemote(&templates.Remote{Mirror: bs})
 	}
 	switch args[0] {
 	case "build":
@@ -112,12 +121,12 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 		if err != nil {
 			return err
 		}
-		return store.Tag(name, tag, t.Digest)
+		return store.Tag(ctx, name, tag, t.Digest)
 	case "rm":
 		if len(pos) != 1 {
 			return fmt.Errorf("%w: space template rm NAME:TAG", errUsage)
 		}
-		return store.Untag(pos[0])
+		return store.Untag(ctx, pos[0])
 	case "gc":
 		// Content a sandbox still uses (in any state but deleted, warm
 		// pools included) is kept, whatever its tags. A create racing

@@ -52,6 +52,9 @@ type Serve struct {
 	OperationTimeout time.Duration
 	// MaxSandboxes caps active sandboxes (0 = no cap).
 	MaxSandboxes int
+	// TemplateCacheMiB caps the node's copies of templates the blob store
+	// holds (0 = no cap).
+	TemplateCacheMiB int
 	// AttachTokenTTL is how long an attachment token is valid.
 	AttachTokenTTL time.Duration
 	// Runsc is the runsc binary ("" = from PATH).
@@ -135,6 +138,11 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 		fmt.Sscan(v, &maxSbx)
 	}
 	fs.IntVar(&s.MaxSandboxes, "max-sandboxes", maxSbx, "most sandboxes active at once; 0 for no cap (env "+EnvName("max-sandboxes")+")")
+	cacheMiB := 0
+	if v, ok := os.LookupEnv(EnvName("template-cache-mib")); ok {
+		fmt.Sscan(v, &cacheMiB)
+	}
+	fs.IntVar(&s.TemplateCacheMiB, "template-cache-mib", cacheMiB, "with --blob-store: most MiB of templates kept on this node; the least recently used ones no sandbox uses are dropped (fetched again when needed); 0 for no cap (env "+EnvName("template-cache-mib")+")")
 	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
 	dur(&s.HeaderTimeout, "header-timeout", 10*time.Second, "longest a request's headers may take to arrive")
 	dur(&s.BodyIdle, "body-idle-timeout", 30*time.Second, "longest a request body may stop arriving before the request ends")
@@ -195,6 +203,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.Store != "" && !postgres.IsURL(s.Store) {
 		errs = append(errs, errors.New("--store must be empty (SQLite in the data directory) or a postgres:// URL"))
+	}
+	if s.TemplateCacheMiB < 0 {
+		errs = append(errs, errors.New("--template-cache-mib must not be negative"))
 	}
 	if s.BlobStore != "" && !blobstore.IsURL(s.BlobStore) {
 		errs = append(errs, errors.New("--blob-store must be empty or an s3:// URL"))

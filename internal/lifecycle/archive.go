@@ -111,6 +111,19 @@ func (e *Engine) sweepArchive(ctx context.Context) {
 	}
 }
 
+// fetchTemplate makes sure the node has a template's files before a
+// runtime starts a sandbox from them (a template store with a blob store
+// fetches what the node lacks).
+func (e *Engine) fetchTemplate(ctx context.Context, digest string) error {
+	f, ok := e.cfg.Templates.(interface {
+		Fetch(ctx context.Context, digest string) error
+	})
+	if !ok || digest == "" {
+		return nil
+	}
+	return f.Fetch(ctx, digest)
+}
+
 // hasFiles says dir exists and holds something.
 func hasFiles(dir string) bool {
 	f, err := os.Open(dir)

@@ -85,7 +85,11 @@ func (e *Engine) execute(op sandbox.Operation) {
 	}
 	spec := e.spec(sb)
 	if op.Kind == sandbox.OpWake && op.From == sandbox.Suspended {
-		if err := e.fetchSnapshot(ctx, sb.ID, spec.SnapshotDir); err != nil {
+		err := e.fetchSnapshot(ctx, sb.ID, spec.SnapshotDir)
+		if err == nil {
+			err = e.fetchTemplate(ctx, sb.Template.Digest)
+		}
+		if err != nil {
 			if e.life.Err() != nil {
 				log.Info("operation interrupted by shutdown; it resumes at next start")
 				return
@@ -97,7 +101,10 @@ func (e *Engine) execute(op sandbox.Operation) {
 			return
 		}
 	}
-	if op.Kind == sandbox.OpCreate || (op.Kind == sandbox.OpWake && op.From == sandbox.Suspended) {
+	if op.Kind == sandbox.OpCreate {
+		err = e.fetchTemplate(ctx, sb.Template.Digest)
+	}
+	if err == nil && (op.Kind == sandbox.OpCreate || (op.Kind == sandbox.OpWake && op.From == sandbox.Suspended)) {
 		err = e.attach(ctx, rt, sb, &spec, true)
 	}
 	if err == nil {

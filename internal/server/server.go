@@ -122,6 +122,9 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	if err != nil {
 		return fmt.Errorf("discover runtimes: %w", err)
 	}
+	if bs, ok := archive.(*blobstore.S3); ok && h.TemplateStore != nil {
+		h.TemplateStore.SetRemote(&templates.Remote{Mirror: bs, CacheBytes: int64(cfg.TemplateCacheMiB) << 20, InUse: st.TemplatesInUse, Log: log})
+	}
 	netMgr, err := startNetwork(ctx, cfg, h, log)
 	if err != nil {
 		return err
@@ -160,8 +163,23 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	var buildWG sync.WaitGroup
 	defer buildWG.Wait()
+	if h.TemplateStore != nil && archive != nil {
+		// Templates go to the blob store as they are built; those built
+		// before (or by the offline CLI) go now.
+		buildWG.Add(1)
+		go func() {
+			defer buildWG.Done()
+			start := time.Now()
+			if err := h.TemplateStore.Push(ctx); err != nil {
+				log.Warn("store the node's templates in the blob store", "err", err)
+				return
+			}
+			log.Info("the node's templates are in the blob store", "ms", time.Since(start).Milliseconds())
+		}()
+	}
 	if h.TemplateStore != nil && cfg.BuildSeed && len(h.Runtimes) > 0 {
-		if _, err := h.TemplateStore.Get("seed:latest"); err != nil {
+		// (With a blob store, a seed:latest built before is fetched.)
+		if _, err := h.TemplateStore.Resolve(ctx, "seed:latest"); err != nil {
 			buildWG.Add(1)
 			go func() {
 				defer buildWG.Done()

@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -61,8 +62,10 @@ type meta struct {
 // Store is a template store in a directory. Safe for concurrent use within
 // one process.
 type Store struct {
-	dir string
-	mu  sync.Mutex // serialises commits, tags and removal
+	dir     string
+	mu      sync.Mutex // serialises commits, tags and removal
+	remote  *Remote    // the blob store copy (remote.go); nil: none
+	fetchMu sync.Mutex // one fetch from the blob store at a time
 }
 
 var (
@@ -118,22 +121,53 @@ func (s *Store) RootfsPath(digest string) (string, error) {
 	if _, err := os.Stat(p); err != nil {
 		return "", errdefs.New(errdefs.NotFound, "template %s not found", digest)
 	}
+	s.touch(digest)
 	return p, nil
 }
 
 // Resolve maps a reference to its digest (lifecycle.Templates).
+// With a blob store, a template the node lacks is fetched from there.
 func (s *Store) Resolve(ctx context.Context, ref string) (sandbox.TemplateRef, error) {
 	if strings.HasPrefix(ref, "sha256:") {
-		if _, err := s.RootfsPath(ref); err != nil {
+		if err := s.Fetch(ctx, ref); err != nil {
 			return sandbox.TemplateRef{}, err
 		}
 		return sandbox.TemplateRef{Ref: ref, Digest: ref}, nil
 	}
 	t, err := s.Get(ref)
+	if errors.Is(err, errdefs.NotFound) && s.remote != nil {
+		t, err = s.getRemote(ctx, ref)
+	}
 	if err != nil {
 		return sandbox.TemplateRef{}, err
 	}
 	return sandbox.TemplateRef{Ref: t.Ref(), Digest: t.Digest}, nil
+}
+
+// getRemote reads a tag the node lacks from the blob store, fetches what
+// it names and tags it on the node.
+func (s *Store) getRemote(ctx context.Context, ref string) (Template, error) {
+	name, tag, err := ParseRef(ref)
+	if err != nil {
+		return Template{}, err
+	}
+	digest, err := s.remoteTag(ctx, name, tag)
+	if err != nil {
+		return Template{}, err
+	}
+	if digest == "" {
+		return Template{}, errdefs.New(errdefs.NotFound, "template %s:%s not found", name, tag)
+	}
+	if err := s.Fetch(ctx, digest); err != nil {
+		return Template{}, err
+	}
+	s.mu.Lock()
+	err = s.tagLocked(name, tag, digest)
+	s.mu.Unlock()
+	if err != nil {
+		return Template{}, err
+	}
+	return s.Get(ref)
 }
 
 // Get returns the template a name:tag names.
@@ -169,8 +203,44 @@ func (s *Store) meta(digest string) (meta, error) {
 	return m, nil
 }
 
-// List returns every tagged template, sorted by reference.
+// List returns every tagged template, sorted by reference: the node's and,
+// with a blob store, those only the blob store holds.
 func (s *Store) List(ctx context.Context) ([]Template, error) {
+	out, err := s.localList()
+	if err != nil || s.remote == nil {
+		return out, err
+	}
+	have := map[string]bool{}
+	for _, t := range out {
+		have[t.Ref()] = true
+	}
+	tags, err := s.remote.Mirror.List(ctx, "templates/tags/")
+	if err != nil {
+		return out, nil // the node's own still list
+	}
+	for _, o := range tags {
+		name, tag, ok := strings.Cut(strings.TrimPrefix(o, "templates/tags/"), "/")
+		if !ok || have[name+":"+tag] || !nameRE.MatchString(name) || !tagRE.MatchString(tag) {
+			continue
+		}
+		digest, err := s.remoteTag(ctx, name, tag)
+		if err != nil || digest == "" {
+			continue
+		}
+		b, err := s.remote.Mirror.GetSmall(ctx, blobObject(digest, ".json"))
+		var d descriptor
+		if err != nil || json.Unmarshal(b, &d) != nil {
+			continue
+		}
+		m := d.Meta
+		out = append(out, Template{Name: name, Tag: tag, Digest: digest, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Source: m.Source, Env: m.Env, Workdir: m.Workdir})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ref() < out[j].Ref() })
+	return out, nil
+}
+
+// localList returns the node's tagged templates, sorted by reference.
+func (s *Store) localList() ([]Template, error) {
 	var out []Template
 	names, err := os.ReadDir(filepath.Join(s.dir, "tags"))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -255,15 +325,7 @@ func (s *Store) commitMeta(ctx context.Context, build, name, tag, source string,
 	if err != nil {
 		return Template{}, fmt.Errorf("digest template: %w", err)
 	}
-	if len(m.Env) > 0 || m.Workdir != "" {
-		cfg, _ := json.Marshal(struct {
-			Tree    string            `json:"tree"`
-			Env     map[string]string `json:"env"`
-			Workdir string            `json:"workdir"`
-		}{digest, m.Env, m.Workdir})
-		sum := sha256.Sum256(cfg)
-		digest = "sha256:" + hex.EncodeToString(sum[:])
-	}
+	digest = contentDigest(digest, m)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	blob := filepath.Join(s.dir, "blobs", hexOf(digest))
@@ -285,11 +347,36 @@ func (s *Store) commitMeta(ctx context.Context, build, name, tag, source string,
 	if err := s.tagLocked(name, tag, digest); err != nil {
 		return Template{}, err
 	}
+	if s.remote != nil {
+		// Built once, kept where every node (and a replaced disk) finds it.
+		if err := s.push(ctx, digest); err != nil {
+			return Template{}, err
+		}
+		if err := s.pushTag(ctx, name, tag, digest); err != nil {
+			return Template{}, err
+		}
+	}
 	return s.Get(name + ":" + tag)
 }
 
-// Tag points name:tag at an existing digest.
-func (s *Store) Tag(name, tag, digest string) error {
+// contentDigest is a template's digest: its tree's, or — when it asks for
+// an environment or working directory — a digest over both, so templates
+// differing only in env differ.
+func contentDigest(tree string, m meta) string {
+	if len(m.Env) == 0 && m.Workdir == "" {
+		return tree
+	}
+	cfg, _ := json.Marshal(struct {
+		Tree    string            `json:"tree"`
+		Env     map[string]string `json:"env"`
+		Workdir string            `json:"workdir"`
+	}{tree, m.Env, m.Workdir})
+	sum := sha256.Sum256(cfg)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// Tag points name:tag at an existing digest (in the blob store too).
+func (s *Store) Tag(ctx context.Context, name, tag, digest string) error {
 	if !nameRE.MatchString(name) || !tagRE.MatchString(tag) {
 		return errdefs.New(errdefs.InvalidArgument, "template %s:%s: invalid name or tag", name, tag)
 	}
@@ -298,6 +385,14 @@ func (s *Store) Tag(name, tag, digest string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.remote != nil {
+		if err := s.push(ctx, digest); err != nil {
+			return err
+		}
+		if err := s.pushTag(ctx, name, tag, digest); err != nil {
+			return err
+		}
+	}
 	return s.tagLocked(name, tag, digest)
 }
 
@@ -309,15 +404,31 @@ func (s *Store) tagLocked(name, tag, digest string) error {
 	return writeAtomic(filepath.Join(s.dir, "tags", name, tag), []byte(digest+"\n"))
 }
 
-// Untag removes name:tag (the content stays until GC).
-func (s *Store) Untag(ref string) error {
+// Untag removes name:tag, in the blob store too (the content stays until
+// GC).
+func (s *Store) Untag(ctx context.Context, ref string) error {
 	name, tag, err := ParseRef(ref)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	remoteHad := false
+	if s.remote != nil {
+		d, err := s.remoteTag(ctx, name, tag)
+		if err != nil {
+			return err
+		}
+		if remoteHad = d != ""; remoteHad {
+			if err := s.remote.Mirror.Remove(ctx, tagObject(name, tag)); err != nil {
+				return err
+			}
+		}
+	}
 	if err := os.Remove(filepath.Join(s.dir, "tags", name, tag)); errors.Is(err, fs.ErrNotExist) {
+		if remoteHad {
+			return nil
+		}
 		return errdefs.New(errdefs.NotFound, "template %s:%s not found", name, tag)
 	} else if err != nil {
 		return err
@@ -326,9 +437,29 @@ func (s *Store) Untag(ref string) error {
 	return nil
 }
 
-// GC removes stored content no tag names and inUse does not claim. It
-// returns the digests removed.
+// GC removes stored content no tag names and inUse does not claim, on the
+// node and in the blob store. It returns the digests removed.
 func (s *Store) GC(ctx context.Context, inUse func(digest string) bool) ([]string, error) {
+	var remoteRemoved []string
+	if s.remote != nil {
+		var err error
+		if remoteRemoved, err = s.remoteGC(ctx, inUse); err != nil {
+			return remoteRemoved, err
+		}
+		// A template tagged only in the blob store stays on the node too.
+		tags, err := s.remote.Mirror.List(ctx, "templates/tags/")
+		if err != nil {
+			return remoteRemoved, err
+		}
+		remoteTagged := map[string]bool{}
+		for _, t := range tags {
+			if b, err := s.remote.Mirror.GetSmall(ctx, t); err == nil {
+				remoteTagged[strings.TrimSpace(string(b))] = true
+			}
+		}
+		prev := inUse
+		inUse = func(d string) bool { return remoteTagged[d] || (prev != nil && prev(d)) }
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tagged := map[string]bool{}
@@ -356,6 +487,11 @@ func (s *Store) GC(ctx context.Context, inUse func(digest string) bool) ([]strin
 			return removed, err
 		}
 		removed = append(removed, d)
+	}
+	for _, d := range remoteRemoved {
+		if !slices.Contains(removed, d) {
+			removed = append(removed, d)
+		}
 	}
 	return removed, nil
 }

@@ -49,18 +49,18 @@ func TestBuildTestTemplateIsStableAndResolvable(t *testing.T) {
 		t.Fatalf("malformed = %v", err)
 	}
 	// Tag, untag, GC.
-	if err := s.Tag("mine", "v1", a.Digest); err != nil {
+	if err := s.Tag(context.Background(), "mine", "v1", a.Digest); err != nil {
 		t.Fatal(err)
 	}
 	list, _ := s.List(ctx)
 	if len(list) != 2 {
 		t.Fatalf("list = %+v", list)
 	}
-	s.Untag("test:latest")
+	s.Untag(context.Background(), "test:latest")
 	if gone, _ := s.GC(ctx, nil); len(gone) != 0 {
 		t.Fatalf("GC removed tagged content: %v", gone)
 	}
-	s.Untag("mine:v1")
+	s.Untag(context.Background(), "mine:v1")
 	if gone, _ := s.GC(ctx, func(string) bool { return true }); len(gone) != 0 {
 		t.Fatal("GC removed content in use")
 	}

@@ -43,6 +43,14 @@ var (
 	failure error
 )
 
+// SetEnv gives the test's own process the test server's credentials.
+func SetEnv(t testing.TB) {
+	for _, e := range Env() {
+		k, v, _ := strings.Cut(e, "=")
+		t.Setenv(k, v)
+	}
+}
+
 // Env is the environment a process needs to reach the test server.
 func Env() []string {
 	return []string{"AWS_ACCESS_KEY_ID=" + AccessKey, "AWS_SECRET_ACCESS_KEY=" + SecretKey}
