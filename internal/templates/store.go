@@ -269,7 +269,10 @@ func (s *Store) localList() ([]Template, error) {
 // Ready reports whether at least one template exists to create sandboxes
 // from.
 func (s *Store) Ready() error {
-	list, err := s.List(context.Background())
+	list, err := s.localList() // (readiness probes come often: the node's own first)
+	if err == nil && len(list) == 0 && s.remote != nil {
+		list, err = s.List(context.Background())
+	}
 	if err != nil {
 		return err
 	}
