@@ -487,6 +487,12 @@ func (s *S3) List(ctx context.Context, prefix string) ([]string, error) {
 	return out, nil
 }
 
+// AbortIncomplete drops the multipart uploads under prefix never
+// completed (their parts take space but are no object).
+func (s *S3) AbortIncomplete(ctx context.Context, prefix string) error {
+	return s.abortIncomplete(ctx, s.prefix+prefix)
+}
+
 // Remove deletes object name (absent is success) and any multipart
 // upload of it left incomplete.
 func (s *S3) Remove(ctx context.Context, name string) error {

@@ -54,6 +54,9 @@ type Mirror interface {
 	List(ctx context.Context, prefix string) ([]string, error)
 	// Remove deletes object name; absent is success.
 	Remove(ctx context.Context, name string) error
+	// AbortIncomplete drops the multipart uploads under prefix a crash
+	// left unfinished.
+	AbortIncomplete(ctx context.Context, prefix string) error
 }
 
 // Remote configures a store's copy in a blob store.
@@ -383,6 +386,9 @@ func (s *Store) evict(ctx context.Context, keep string) {
 // and inUse does not claim, and returns them.
 func (s *Store) remoteGC(ctx context.Context, inUse func(string) bool) ([]string, error) {
 	m := s.remote.Mirror
+	if err := m.AbortIncomplete(ctx, "templates/"); err != nil {
+		return nil, err
+	}
 	tagged := map[string]bool{}
 	tags, err := m.List(ctx, "templates/tags/")
 	if err != nil {
