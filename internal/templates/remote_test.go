@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/minio/minio-go/v7"
+
 	"github.com/spacesandbox/space/internal/blobstore"
 	"github.com/spacesandbox/space/internal/blobstore/s3test"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -74,10 +76,19 @@ func TestRemoteTemplatesReachEveryNode(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the tree has files of other owners")
 	}
-	stores, _, _ := remoteStores(t, 2)
+	stores, srv, bucket := remoteStores(t, 2)
 	a, b := stores[0], stores[1]
 	ctx := context.Background()
 	tpl := handMade(t, a, "mine", "tool v1")
+	// A push a crash cut short left a multipart upload unfinished.
+	mc, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core := minio.Core{Client: mc}
+	if _, err := core.NewMultipartUpload(ctx, bucket, "space/templates/blobs/dead.tar", minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	list, err := b.List(ctx)
 	if err != nil || len(list) != 1 || list[0].Digest != tpl.Digest || list[0].Env["A"] != "b" {
@@ -126,6 +137,9 @@ func TestRemoteTemplatesReachEveryNode(t *testing.T) {
 	}
 	if _, err := b.remote.Mirror.GetSmall(ctx, blobObject(tpl.Digest, ".json")); !errors.Is(err, errdefs.NotFound) {
 		t.Fatalf("gc left the template in the bucket: %v", err)
+	}
+	for u := range mc.ListIncompleteUploads(ctx, bucket, "space/", true) {
+		t.Errorf("gc left an unfinished upload: %+v", u)
 	}
 }
 
