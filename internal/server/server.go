@@ -90,8 +90,11 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	defer st.Close()
 	// A shared database serves one server at a time: each recovers the
 	// sandboxes it records as its own.
-	if x, ok := st.(interface{ Exclusive(context.Context) error }); ok {
-		if err := x.Exclusive(ctx); err != nil {
+	var lockLost <-chan error // (nil: never)
+	if x, ok := st.(interface {
+		Exclusive(context.Context) (<-chan error, error)
+	}); ok {
+		if lockLost, err = x.Exclusive(ctx); err != nil {
 			return err
 		}
 	}
@@ -295,6 +298,8 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		log.Info("shutting down", "grace", cfg.ShutdownGrace)
 	case runErr = <-errc:
 		log.Error("listener failed; shutting down", "err", runErr)
+	case runErr = <-lockLost:
+		log.Error("another server took this one's database; shutting down", "err", runErr)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()

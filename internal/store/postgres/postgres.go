@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,8 +26,12 @@ import (
 // Store is a store.Store on a PostgreSQL database.
 type Store struct {
 	*sqlstore.Store
-	db   *sql.DB
-	held *sql.Conn // the session that holds the server lock (Exclusive)
+	db       *sql.DB
+	heldMu   sync.Mutex
+	held     *sql.Conn // the session that holds the server lock (Exclusive)
+	stopKeep context.CancelFunc
+	keeping  sync.WaitGroup
+	relocks  atomic.Int64
 }
 
 // IsURL says spec names a PostgreSQL database (postgres:// or
@@ -65,6 +71,10 @@ func Open(ctx context.Context, url string) (*Store, error) {
 }
 
 func (s *Store) close() error {
+	if s.stopKeep != nil {
+		s.stopKeep()
+		s.keeping.Wait()
+	}
 	var err error
 	if s.held != nil {
 		err = s.held.Close() // ends the session: the lock goes with it
@@ -82,34 +92,93 @@ const serverLock = 0x5350414345 // "SPACE"
 // it for lockWait (a server killed a moment ago holds it until PostgreSQL
 // sees its connection close). (Several control planes share one database
 // once sandboxes record the node that runs them.)
-func (s *Store) Exclusive(ctx context.Context) error {
+//
+// The lock lives as long as its session. If the session ends (PostgreSQL
+// restarted, the connection was cut) the lock is taken again; if another
+// server took it meanwhile, lost receives why, and this one must stop.
+func (s *Store) Exclusive(ctx context.Context) (lost <-chan error, err error) {
+	c, err := s.lock(ctx, lockWait)
+	if err != nil {
+		return nil, err
+	}
+	s.held = c
+	ch := make(chan error, 1)
+	kctx, cancel := context.WithCancel(context.Background())
+	s.stopKeep = cancel
+	s.keeping.Add(1)
+	go s.keep(kctx, ch)
+	return ch, nil
+}
+
+// lock takes the server lock on a connection of its own, trying for wait.
+func (s *Store) lock(ctx context.Context, wait time.Duration) (*sql.Conn, error) {
 	c, err := s.db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("take a connection for the server lock: %w", err)
+		return nil, fmt.Errorf("take a connection for the server lock: %w", err)
 	}
-	deadline := time.Now().Add(lockWait)
+	deadline := time.Now().Add(wait)
 	for {
 		var ok bool
 		if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, serverLock).Scan(&ok); err != nil {
 			c.Close()
-			return fmt.Errorf("take the server lock: %w", err)
+			return nil, fmt.Errorf("take the server lock: %w", err)
 		}
 		if ok {
-			s.held = c
-			return nil
+			return c, nil
 		}
 		if time.Now().After(deadline) {
 			c.Close()
-			return errdefs.New(errdefs.FailedPrecondition, "another SPACE server is using this PostgreSQL database (waited %s)", lockWait)
+			return nil, errdefs.New(errdefs.FailedPrecondition, "another SPACE server is using this PostgreSQL database (waited %s)", wait)
 		}
 		select {
 		case <-ctx.Done():
 			c.Close()
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
+
+// keep checks every keepEvery that the lock's session lives, and takes the
+// lock again on a new one when it does not.
+func (s *Store) keep(ctx context.Context, lost chan<- error) {
+	defer s.keeping.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(keepEvery):
+		}
+		s.heldMu.Lock()
+		c := s.held
+		s.heldMu.Unlock()
+		pctx, cancel := context.WithTimeout(ctx, keepEvery)
+		err := c.PingContext(pctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			continue
+		}
+		c.Close()
+		nc, err := s.lock(ctx, 0)
+		switch {
+		case err == nil:
+			s.heldMu.Lock()
+			s.held = nc
+			s.heldMu.Unlock()
+			s.relocks.Add(1)
+		case errors.Is(err, errdefs.FailedPrecondition):
+			lost <- fmt.Errorf("the session holding the server lock ended and another server took the lock: %w", err)
+			return
+		}
+		// Unreachable: no one else can take it either; try again.
+	}
+}
+
+// Relocks says how often the lock was taken again after its session ended.
+func (s *Store) Relocks() int64 { return s.relocks.Load() }
+
+// keepEvery is how often the lock's session is checked.
+var keepEvery = 2 * time.Second
 
 // lockWait is how long Exclusive waits for another server's lock.
 const lockWait = 10 * time.Second

@@ -2,7 +2,9 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,7 +48,7 @@ func TestExclusiveWaitsForThePreviousServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Exclusive(ctx); err != nil {
+	if _, err := first.Exclusive(ctx); err != nil {
 		t.Fatal(err)
 	}
 	second, err := postgres.Open(ctx, url)
@@ -55,7 +57,7 @@ func TestExclusiveWaitsForThePreviousServer(t *testing.T) {
 	}
 	defer second.Close()
 	got := make(chan error, 1)
-	go func() { got <- second.Exclusive(ctx) }()
+	go func() { _, err := second.Exclusive(ctx); got <- err }()
 	select {
 	case err := <-got:
 		t.Fatalf("the second server took the lock the first holds: %v", err)
@@ -69,5 +71,63 @@ func TestExclusiveWaitsForThePreviousServer(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second server never took the lock")
+	}
+}
+
+// The lock lives with its session: when PostgreSQL ends the session (a
+// restart, a cut connection) the server takes it again; when another
+// server took it first, the server is told it lost the database.
+func TestExclusiveSurvivesItsSessionEnding(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	admin, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	killHolder := func() {
+		t.Helper()
+		if _, err := admin.Exec(`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := postgres.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	lost, err := first.Exclusive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killHolder()
+	deadline := time.Now().Add(15 * time.Second)
+	for first.Relocks() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lock was not taken again after its session ended")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Again, with another server waiting for the lock: it wins, and the
+	// first hears it lost.
+	second, err := postgres.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	got := make(chan error, 1)
+	go func() { _, err := second.Exclusive(ctx); got <- err }()
+	time.Sleep(300 * time.Millisecond)
+	killHolder()
+	if err := <-got; err != nil {
+		t.Fatalf("the waiting server: %v", err)
+	}
+	select {
+	case err := <-lost:
+		if !strings.Contains(err.Error(), "another server took the lock") {
+			t.Fatalf("lost = %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first server never heard it lost the lock")
 	}
 }
