@@ -98,6 +98,10 @@ func TestProductionBackends(t *testing.T) {
 	t.Logf("200 MiB dirty, gvisor: suspend to disk + bucket %v (%d files); wake from the local copy %v; wake from the bucket %v",
 		suspendS3.Round(time.Millisecond), len(manifest.Files), wakeLocal.Round(time.Millisecond), wakeS3.Round(time.Millisecond))
 	t.Logf("server's own timings:\n%s", grepLines(s.log(), "blob store"))
+	if m := s.do("GET", "/metrics", "", nil); !strings.Contains(string(m.body), `space_blobstore_transfer_duration_seconds_count{direction="get",outcome="succeeded"} 1`) ||
+		!strings.Contains(string(m.body), `space_blobstore_transfer_bytes_total{direction="put"}`) {
+		t.Fatalf("the blob store's transfers are not in /metrics:\n%s", grepLines(string(m.body), "blobstore"))
+	}
 
 	// SIGKILL during the upload: the suspend resumes at restart and ends
 	// stored, with nothing left of the interrupted upload.

@@ -36,6 +36,18 @@ type Archive interface {
 	Keys(ctx context.Context) ([]string, error)
 }
 
+// ArchiveObserver is told of every snapshot stored in or fetched from the
+// blob store (for metrics); an Observer may implement it.
+type ArchiveObserver interface {
+	SnapshotTransferred(direction string, bytes int64, d time.Duration, err error)
+}
+
+func (e *Engine) observeTransfer(direction string, n int64, start time.Time, err error) {
+	if o, ok := e.cfg.Observer.(ArchiveObserver); ok {
+		o.SnapshotTransferred(direction, n, time.Since(start), err)
+	}
+}
+
 // archiveSnapshot uploads a suspended sandbox's snapshot.
 func (e *Engine) archiveSnapshot(ctx context.Context, id, dir string) error {
 	if e.cfg.Archive == nil {
@@ -43,6 +55,7 @@ func (e *Engine) archiveSnapshot(ctx context.Context, id, dir string) error {
 	}
 	start := time.Now()
 	n, err := e.cfg.Archive.Put(ctx, id, dir)
+	e.observeTransfer("put", n, start, err)
 	if err != nil {
 		return errdefs.Wrap(errdefs.Unavailable, err, "the snapshot could not be stored in the blob store; the sandbox stays suspended on this node")
 	}
@@ -58,6 +71,7 @@ func (e *Engine) fetchSnapshot(ctx context.Context, id, dir string) error {
 	}
 	start := time.Now()
 	n, err := e.cfg.Archive.Get(ctx, id, dir)
+	e.observeTransfer("get", n, start, err)
 	if err != nil {
 		if errdefs.KindOf(err) != nil {
 			return err

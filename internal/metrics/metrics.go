@@ -22,6 +22,8 @@ type Metrics struct {
 	reqDuration *prometheus.HistogramVec
 	opDuration  *prometheus.HistogramVec
 	failures    *prometheus.CounterVec
+	transfers   *prometheus.HistogramVec
+	transferred *prometheus.CounterVec
 }
 
 // New registers SPACE's metrics on a fresh registry.
@@ -42,8 +44,17 @@ func New() *Metrics {
 			Name: "space_sandbox_failures_total",
 			Help: "Sandboxes whose processes ended on their own, by runtime and reason (out_of_memory, killed).",
 		}, []string{"runtime", "reason"}),
+		transfers: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "space_blobstore_transfer_duration_seconds",
+			Help:    "Suspend snapshots stored in (put) and fetched from (get) the blob store, by direction and outcome.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}, []string{"direction", "outcome"}),
+		transferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "space_blobstore_transfer_bytes_total",
+			Help: "Bytes of suspend snapshots stored in (put) and fetched from (get) the blob store.",
+		}, []string{"direction"}),
 	}
-	m.reg.MustRegister(m.reqDuration, m.opDuration, m.failures,
+	m.reg.MustRegister(m.reqDuration, m.opDuration, m.failures, m.transfers, m.transferred,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -82,6 +93,17 @@ func (m *Metrics) OperationFinished(kind sandbox.OpKind, state sandbox.OpState, 
 // (lifecycle.FailureObserver).
 func (m *Metrics) SandboxFailed(runtime, reason string) {
 	m.failures.WithLabelValues(runtime, reason).Inc()
+}
+
+// SnapshotTransferred records one snapshot moved to or from the blob store
+// (lifecycle.ArchiveObserver); direction is "put" or "get".
+func (m *Metrics) SnapshotTransferred(direction string, bytes int64, d time.Duration, err error) {
+	outcome := "succeeded"
+	if err != nil {
+		outcome = "failed"
+	}
+	m.transfers.WithLabelValues(direction, outcome).Observe(d.Seconds())
+	m.transferred.WithLabelValues(direction).Add(float64(bytes))
 }
 
 // Register adds further collectors (for example gauges owned by other
