@@ -57,6 +57,11 @@ func (e *Engine) archiveSnapshot(ctx context.Context, id, dir string) error {
 	n, err := e.cfg.Archive.Put(ctx, id, dir)
 	e.observeTransfer("put", n, start, err)
 	if err != nil {
+		// An older snapshot stored before is not this sandbox's state any
+		// more: a wake that finds no local copy must not restore it.
+		if derr := e.cfg.Archive.Delete(context.WithoutCancel(ctx), id); derr != nil {
+			e.log.Warn("remove the stale snapshot from the blob store", "sandbox_id", id, "err", derr)
+		}
 		return errdefs.Wrap(errdefs.Unavailable, err, "the snapshot could not be stored in the blob store; the sandbox stays suspended on this node")
 	}
 	e.log.Info("snapshot stored in the blob store", "sandbox_id", id, "bytes", n, "ms", time.Since(start).Milliseconds())

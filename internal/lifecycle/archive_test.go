@@ -132,6 +132,16 @@ func TestArchive_FaultInjection(t *testing.T) {
 		t.Fatalf("suspend the blob store refused = %+v, sandbox %s", op.Error, state(t, w, sb.ID))
 	}
 	a.putErr = nil
+	// The snapshot stored at the first suspend is stale now: it is gone, so
+	// a wake without the local copy fails instead of going back in time.
+	if a.stored[sb.ID] {
+		t.Fatal("a stale snapshot stayed in the blob store after a failed upload")
+	}
+	op = lifecycleOp(t, w, "wake", sb.ID)
+	if op.State != sandbox.OpFailed || state(t, w, sb.ID) != sandbox.Suspended {
+		t.Fatalf("wake without any copy = %+v, sandbox %s", op, state(t, w, sb.ID))
+	}
+	a.stored[sb.ID] = true // (as if the local copy were there)
 
 	a.getErr = errdefs.New(errdefs.FailedPrecondition, "the stored snapshot of %s is damaged", sb.ID)
 	for try := 0; try < 2; try++ {
