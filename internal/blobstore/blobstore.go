@@ -165,10 +165,7 @@ func (s *S3) Put(ctx context.Context, key, dir string) (int64, error) {
 		return 0, err
 	}
 	b, _ := json.Marshal(m)
-	sum := sha256.Sum256(b)
-	_, err = s.c.PutObject(ctx, s.bucket, s.dir(key)+manifestName, strings.NewReader(string(b)), int64(len(b)),
-		minio.PutObjectOptions{ContentType: "application/json", UserMetadata: map[string]string{"sha256": hex.EncodeToString(sum[:])}})
-	if err != nil {
+	if err := s.writeSmall(ctx, s.dir(key)+manifestName, b, "application/json"); err != nil {
 		s.removeUpload(context.WithoutCancel(ctx), key, upload)
 		return 0, fmt.Errorf("write snapshot manifest: %w", err)
 	}
@@ -250,28 +247,19 @@ func (s *S3) Get(ctx context.Context, key, dir string) (int64, error) {
 }
 
 func (s *S3) manifest(ctx context.Context, key string) (*Manifest, error) {
-	obj, err := s.c.GetObject(ctx, s.bucket, s.dir(key)+manifestName, minio.GetObjectOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("read snapshot manifest: %w", err)
-	}
-	defer obj.Close()
-	b, err := io.ReadAll(io.LimitReader(obj, maxManifest+1))
-	if err != nil {
-		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			return nil, errdefs.New(errdefs.NotFound, "the blob store has no snapshot of %s", key)
-		}
-		return nil, fmt.Errorf("read snapshot manifest: %w", err)
-	}
-	info, err := obj.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("read snapshot manifest: %w", err)
-	}
-	sum := sha256.Sum256(b)
-	if want := info.UserMetadata["Sha256"]; want != "" && want != hex.EncodeToString(sum[:]) {
+	b, err := s.readSmall(ctx, s.dir(key)+manifestName)
+	switch {
+	case errors.Is(err, errdefs.NotFound):
+		return nil, errdefs.New(errdefs.NotFound, "the blob store has no snapshot of %s", key)
+	case errors.Is(err, errHash):
 		return nil, corrupt(key, "its manifest does not match its SHA-256")
+	case errors.Is(err, errTooLarge):
+		return nil, corrupt(key, "its manifest cannot be read")
+	case err != nil:
+		return nil, fmt.Errorf("read snapshot manifest: %w", err)
 	}
 	var m Manifest
-	if len(b) > maxManifest || json.Unmarshal(b, &m) != nil || m.Version != 1 || m.Upload == "" || strings.ContainsAny(m.Upload, "/.") {
+	if json.Unmarshal(b, &m) != nil || m.Version != 1 || m.Upload == "" || strings.ContainsAny(m.Upload, "/.") {
 		return nil, corrupt(key, "its manifest cannot be read")
 	}
 	return &m, nil
@@ -426,26 +414,35 @@ func (s *S3) PutStream(ctx context.Context, name string, r io.Reader) (int64, st
 
 // Open reads object name; errdefs.NotFound when there is none.
 func (s *S3) Open(ctx context.Context, name string) (io.ReadCloser, error) {
-	obj, err := s.c.GetObject(ctx, s.bucket, s.prefix+name, minio.GetObjectOptions{})
+	obj, err := s.open(ctx, s.prefix+name)
+	if errors.Is(err, errdefs.NotFound) {
+		return nil, errdefs.New(errdefs.NotFound, "the blob store has no %s", name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("download %s: %w", name, err)
+	}
+	return obj, nil
+}
+
+// open opens an object (its whole key); errdefs.NotFound when absent.
+func (s *S3) open(ctx context.Context, object string) (*minio.Object, error) {
+	obj, err := s.c.GetObject(ctx, s.bucket, object, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, err
 	}
 	if _, err := obj.Stat(); err != nil {
 		obj.Close()
 		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			return nil, errdefs.New(errdefs.NotFound, "the blob store has no %s", name)
+			return nil, errdefs.New(errdefs.NotFound, "no object %s", object)
 		}
-		return nil, fmt.Errorf("download %s: %w", name, err)
+		return nil, err
 	}
 	return obj, nil
 }
 
 // PutSmall stores b as object name in one PUT (atomic).
 func (s *S3) PutSmall(ctx context.Context, name string, b []byte) error {
-	sum := sha256.Sum256(b)
-	_, err := s.c.PutObject(ctx, s.bucket, s.prefix+name, bytes.NewReader(b), int64(len(b)),
-		minio.PutObjectOptions{UserMetadata: map[string]string{"sha256": hex.EncodeToString(sum[:])}})
-	if err != nil {
+	if err := s.writeSmall(ctx, s.prefix+name, b, ""); err != nil {
 		return fmt.Errorf("upload %s: %w", name, err)
 	}
 	return nil
@@ -454,23 +451,57 @@ func (s *S3) PutSmall(ctx context.Context, name string, b []byte) error {
 // GetSmall reads a small object PutSmall stored, checking its SHA-256;
 // errdefs.NotFound when there is none.
 func (s *S3) GetSmall(ctx context.Context, name string) ([]byte, error) {
-	obj, err := s.Open(ctx, name)
+	b, err := s.readSmall(ctx, s.prefix+name)
+	switch {
+	case errors.Is(err, errdefs.NotFound):
+		return nil, errdefs.New(errdefs.NotFound, "the blob store has no %s", name)
+	case errors.Is(err, errHash) || errors.Is(err, errTooLarge):
+		return nil, errdefs.New(errdefs.FailedPrecondition, "the blob store's %s is damaged", name).
+			WithDetails(map[string]any{"reason": "object_corrupt"})
+	case err != nil:
+		return nil, fmt.Errorf("download %s: %w", name, err)
+	}
+	return b, nil
+}
+
+// A small object read back is refused when it is larger than any this
+// package writes, or its bytes are not those whose SHA-256 it carries.
+var (
+	errTooLarge = errors.New("object too large")
+	errHash     = errors.New("object does not match its SHA-256")
+)
+
+// writeSmall stores b as an object (its whole key) in one PUT, with its
+// SHA-256 in the object's metadata.
+func (s *S3) writeSmall(ctx context.Context, object string, b []byte, contentType string) error {
+	sum := sha256.Sum256(b)
+	_, err := s.c.PutObject(ctx, s.bucket, object, bytes.NewReader(b), int64(len(b)),
+		minio.PutObjectOptions{ContentType: contentType, UserMetadata: map[string]string{"sha256": hex.EncodeToString(sum[:])}})
+	return err
+}
+
+// readSmall reads an object writeSmall stored and checks it against its
+// SHA-256: errdefs.NotFound, errTooLarge or errHash.
+func (s *S3) readSmall(ctx context.Context, object string) ([]byte, error) {
+	obj, err := s.open(ctx, object)
 	if err != nil {
 		return nil, err
 	}
 	defer obj.Close()
 	b, err := io.ReadAll(io.LimitReader(obj, maxManifest+1))
 	if err != nil {
-		return nil, fmt.Errorf("download %s: %w", name, err)
+		return nil, err
 	}
-	info, err := obj.(*minio.Object).Stat()
+	if len(b) > maxManifest {
+		return nil, errTooLarge
+	}
+	info, err := obj.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("download %s: %w", name, err)
+		return nil, err
 	}
 	sum := sha256.Sum256(b)
-	if want := info.UserMetadata["Sha256"]; len(b) > maxManifest || (want != "" && want != hex.EncodeToString(sum[:])) {
-		return nil, errdefs.New(errdefs.FailedPrecondition, "the blob store's %s is damaged", name).
-			WithDetails(map[string]any{"reason": "object_corrupt"})
+	if want := info.UserMetadata["Sha256"]; want != "" && want != hex.EncodeToString(sum[:]) {
+		return nil, errHash
 	}
 	return b, nil
 }
