@@ -382,22 +382,32 @@ func (s *Store) evict(ctx context.Context, keep string) {
 	}
 }
 
-// remoteGC removes from the blob store the templates no tag there names
-// and inUse does not claim, and returns them.
-func (s *Store) remoteGC(ctx context.Context, inUse func(string) bool) ([]string, error) {
-	m := s.remote.Mirror
-	if err := m.AbortIncomplete(ctx, "templates/"); err != nil {
-		return nil, err
-	}
-	tagged := map[string]bool{}
-	tags, err := m.List(ctx, "templates/tags/")
+// remoteTags reads every tag in the blob store: name:tag → digest (tags
+// that cannot be read are left out).
+func (s *Store) remoteTags(ctx context.Context) (map[string]string, error) {
+	objs, err := s.remote.Mirror.List(ctx, "templates/tags/")
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range tags {
-		if b, err := m.GetSmall(ctx, t); err == nil {
-			tagged[strings.TrimSpace(string(b))] = true
+	out := map[string]string{}
+	for _, o := range objs {
+		name, tag, ok := strings.Cut(strings.TrimPrefix(o, "templates/tags/"), "/")
+		if !ok {
+			continue
 		}
+		if d, err := s.remoteTag(ctx, name, tag); err == nil && d != "" {
+			out[name+":"+tag] = d
+		}
+	}
+	return out, nil
+}
+
+// remoteGC removes from the blob store the templates no tag there names
+// (tagged) and inUse does not claim, and returns them.
+func (s *Store) remoteGC(ctx context.Context, tagged map[string]bool, inUse func(string) bool) ([]string, error) {
+	m := s.remote.Mirror
+	if err := m.AbortIncomplete(ctx, "templates/"); err != nil {
+		return nil, err
 	}
 	objs, err := m.List(ctx, "templates/blobs/")
 	if err != nil {

@@ -188,7 +188,12 @@ func (s *Store) Get(ref string) (Template, error) {
 	if err != nil {
 		return Template{}, err
 	}
-	return Template{Name: name, Tag: tag, Digest: digest, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Source: m.Source, Env: m.Env, Workdir: m.Workdir}, nil
+	return m.template(name, tag, digest), nil
+}
+
+// template is the Template name:tag names, of the content m describes.
+func (m meta) template(name, tag, digest string) Template {
+	return Template{Name: name, Tag: tag, Digest: digest, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Source: m.Source, Env: m.Env, Workdir: m.Workdir}
 }
 
 func (s *Store) meta(digest string) (meta, error) {
@@ -214,17 +219,13 @@ func (s *Store) List(ctx context.Context) ([]Template, error) {
 	for _, t := range out {
 		have[t.Ref()] = true
 	}
-	tags, err := s.remote.Mirror.List(ctx, "templates/tags/")
+	tags, err := s.remoteTags(ctx)
 	if err != nil {
 		return out, nil // the node's own still list
 	}
-	for _, o := range tags {
-		name, tag, ok := strings.Cut(strings.TrimPrefix(o, "templates/tags/"), "/")
-		if !ok || have[name+":"+tag] || !nameRE.MatchString(name) || !tagRE.MatchString(tag) {
-			continue
-		}
-		digest, err := s.remoteTag(ctx, name, tag)
-		if err != nil || digest == "" {
+	for ref, digest := range tags {
+		name, tag, _ := strings.Cut(ref, ":")
+		if have[ref] || !nameRE.MatchString(name) || !tagRE.MatchString(tag) {
 			continue
 		}
 		b, err := s.remote.Mirror.GetSmall(ctx, blobObject(digest, ".json"))
@@ -232,8 +233,7 @@ func (s *Store) List(ctx context.Context) ([]Template, error) {
 		if err != nil || json.Unmarshal(b, &d) != nil {
 			continue
 		}
-		m := d.Meta
-		out = append(out, Template{Name: name, Tag: tag, Digest: digest, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Source: m.Source, Env: m.Env, Workdir: m.Workdir})
+		out = append(out, d.Meta.template(name, tag, digest))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Ref() < out[j].Ref() })
 	return out, nil
@@ -445,21 +445,18 @@ func (s *Store) Untag(ctx context.Context, ref string) error {
 func (s *Store) GC(ctx context.Context, inUse func(digest string) bool) ([]string, error) {
 	var remoteRemoved []string
 	if s.remote != nil {
-		var err error
-		if remoteRemoved, err = s.remoteGC(ctx, inUse); err != nil {
+		tags, err := s.remoteTags(ctx)
+		if err != nil {
+			return nil, err
+		}
+		remoteTagged := map[string]bool{}
+		for _, d := range tags {
+			remoteTagged[d] = true
+		}
+		if remoteRemoved, err = s.remoteGC(ctx, remoteTagged, inUse); err != nil {
 			return remoteRemoved, err
 		}
 		// A template tagged only in the blob store stays on the node too.
-		tags, err := s.remote.Mirror.List(ctx, "templates/tags/")
-		if err != nil {
-			return remoteRemoved, err
-		}
-		remoteTagged := map[string]bool{}
-		for _, t := range tags {
-			if b, err := s.remote.Mirror.GetSmall(ctx, t); err == nil {
-				remoteTagged[strings.TrimSpace(string(b))] = true
-			}
-		}
 		prev := inUse
 		inUse = func(d string) bool { return remoteTagged[d] || (prev != nil && prev(d)) }
 	}
