@@ -113,6 +113,12 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 		}
 		fs.DurationVar(p, name, def, usage+" (env "+EnvName(name)+")")
 	}
+	num := func(p *int, name string, def int, usage string) {
+		if v, ok := os.LookupEnv(EnvName(name)); ok {
+			fmt.Sscan(v, &def)
+		}
+		fs.IntVar(p, name, def, usage+" (env "+EnvName(name)+")")
+	}
 	str(&s.DataDir, "data-dir", "/var/lib/space", "directory for the database, templates, snapshots and the first API token")
 	str(&s.Store, "store", "", "database: empty for SQLite in the data directory, or postgres://user@host:port/db?sslmode=… (password from PGPASSWORD or ~/.pgpass, or in the URL; never logged)")
 	str(&s.BlobStore, "blob-store", "", "object storage for suspend snapshots: empty for the data directory only, or s3://bucket/prefix?endpoint=http(s)://host:port&region=r (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials)")
@@ -133,24 +139,12 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	fs.BoolVar(&s.BuildSeed, "build-seed", buildSeed, "build the seed:latest template on start when it is missing (env "+EnvName("build-seed")+")")
 	str(&s.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
 	str(&s.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
-	maxSbx := 1000
-	if v, ok := os.LookupEnv(EnvName("max-sandboxes")); ok {
-		fmt.Sscan(v, &maxSbx)
-	}
-	fs.IntVar(&s.MaxSandboxes, "max-sandboxes", maxSbx, "most sandboxes active at once; 0 for no cap (env "+EnvName("max-sandboxes")+")")
-	cacheMiB := 0
-	if v, ok := os.LookupEnv(EnvName("template-cache-mib")); ok {
-		fmt.Sscan(v, &cacheMiB)
-	}
-	fs.IntVar(&s.TemplateCacheMiB, "template-cache-mib", cacheMiB, "with --blob-store: most MiB of templates kept on this node; the least recently used ones no sandbox uses are dropped (fetched again when needed); 0 for no cap (env "+EnvName("template-cache-mib")+")")
+	num(&s.MaxSandboxes, "max-sandboxes", 1000, "most sandboxes active at once; 0 for no cap")
+	num(&s.TemplateCacheMiB, "template-cache-mib", 0, "with --blob-store: most MiB of templates kept on this node; the least recently used ones no sandbox uses are dropped (fetched again when needed); 0 for no cap")
 	dur(&s.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long shutdown waits for requests and operations in flight")
 	dur(&s.HeaderTimeout, "header-timeout", 10*time.Second, "longest a request's headers may take to arrive")
 	dur(&s.BodyIdle, "body-idle-timeout", 30*time.Second, "longest a request body may stop arriving before the request ends")
-	maxConns := 4096
-	if v, ok := os.LookupEnv(EnvName("max-connections")); ok {
-		fmt.Sscan(v, &maxConns)
-	}
-	fs.IntVar(&s.MaxConnections, "max-connections", maxConns, "most connections open at once on each listener, authenticated streams aside; 0 for no cap (env "+EnvName("max-connections")+")")
+	num(&s.MaxConnections, "max-connections", 4096, "most connections open at once on each listener, authenticated streams aside; 0 for no cap")
 	dur(&s.OperationTimeout, "operation-timeout", 10*time.Minute, "upper bound of one lifecycle operation")
 	str(&s.WarmPools, "warm-pools", "", "default warm pools, like \"seed:latest=2,test:latest=1\" (PUT /v1/warm-pools overrides)")
 	dur(&s.IdleTimeout, "idle-timeout", 10*time.Minute, "default idle timeout of sandboxes that name none")

@@ -99,10 +99,10 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		}
 	}
 
-	var archive lifecycle.Archive
+	var bs *blobstore.S3          // snapshots and templates off the node
+	var archive lifecycle.Archive // (nil unless bs is set)
 	if cfg.BlobStore != "" {
-		bs, err := blobstore.Open(ctx, cfg.BlobStore)
-		if err != nil {
+		if bs, err = blobstore.Open(ctx, cfg.BlobStore); err != nil {
 			return err
 		}
 		archive = bs
@@ -125,7 +125,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	if err != nil {
 		return fmt.Errorf("discover runtimes: %w", err)
 	}
-	if bs, ok := archive.(*blobstore.S3); ok && h.TemplateStore != nil {
+	if bs != nil && h.TemplateStore != nil {
 		h.TemplateStore.SetRemote(&templates.Remote{Mirror: bs, CacheBytes: int64(cfg.TemplateCacheMiB) << 20, InUse: st.TemplatesInUse, Log: log})
 	}
 	netMgr, err := startNetwork(ctx, cfg, h, log)
@@ -166,7 +166,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	var buildWG sync.WaitGroup
 	defer buildWG.Wait()
-	if h.TemplateStore != nil && archive != nil {
+	if h.TemplateStore != nil && bs != nil {
 		// Templates go to the blob store as they are built; those built
 		// before (or by the offline CLI) go now.
 		buildWG.Add(1)
