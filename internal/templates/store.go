@@ -121,7 +121,6 @@ func (s *Store) RootfsPath(digest string) (string, error) {
 	if _, err := os.Stat(p); err != nil {
 		return "", errdefs.New(errdefs.NotFound, "template %s not found", digest)
 	}
-	s.touch(digest)
 	return p, nil
 }
 
