@@ -2,6 +2,9 @@ package templates
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -223,5 +226,44 @@ func TestPushTemplatesMadeBefore(t *testing.T) {
 	}
 	if ref, err := stores[1].Resolve(ctx, "old:v1"); err != nil || ref.Digest != tpl.Digest {
 		t.Fatalf("after the push: %+v %v", ref, err)
+	}
+}
+
+// An archive changed together with its descriptor (a SHA-256 that matches)
+// is still refused: the unpacked tree must digest to the template's name.
+func TestRemoteTemplateTreeMustMatchItsDigest(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the tree has files of other owners")
+	}
+	stores, srv, bucket := remoteStores(t, 2)
+	ctx := context.Background()
+	tpl := handMade(t, stores[0], "mine", "tool v1")
+	tarPath := filepath.Join(srv.Dir, bucket, "space", blobObject(tpl.Digest, ".tar"))
+	b, err := os.ReadFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[strings.Index(string(b), "tool v1")] = 'X'
+	if err := os.WriteFile(tarPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := stores[0].remote.Mirror
+	raw, err := m.GetSmall(ctx, blobObject(tpl.Digest, ".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d descriptor
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	d.TarSHA256 = hex.EncodeToString(sum[:])
+	raw, _ = json.Marshal(d)
+	if err := m.PutSmall(ctx, blobObject(tpl.Digest, ".json"), raw); err != nil {
+		t.Fatal(err)
+	}
+	_, err = stores[1].Resolve(ctx, "mine:v1")
+	if !errors.Is(err, errdefs.FailedPrecondition) || !strings.Contains(err.Error(), "do not match its digest") {
+		t.Fatalf("resolve of a template whose files changed = %v", err)
 	}
 }
