@@ -48,6 +48,8 @@ type Sandbox struct {
 	// snapshot it was created from.
 	ForkOf   string `json:"fork_of,omitempty"`
 	Snapshot string `json:"snapshot,omitempty"`
+	// Node is the cluster node that runs it (empty on a single machine).
+	Node string `json:"node,omitempty"`
 }
 
 // Operation is an asynchronous lifecycle change.
@@ -294,4 +296,52 @@ func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 	}
 	_, err := c.Do(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(id), nil, "", nil, nil)
 	return err
+}
+
+// Node is a cluster node (space serve --role node).
+type Node struct {
+	ID           string `json:"id"`
+	Name         string `json:"name"`
+	State        string `json:"state"` // ready, cordoned, draining, lost
+	Alive        bool   `json:"alive"`
+	URL          string `json:"url"`
+	DataPlaneURL string `json:"data_plane_url"`
+	Capacity     struct {
+		VCPUs        int      `json:"vcpus"`
+		MemoryMiB    int      `json:"memory_mib"`
+		DiskMiB      int      `json:"disk_mib"`
+		MaxSandboxes int      `json:"max_sandboxes"`
+		Runtimes     []string `json:"runtimes"`
+	} `json:"capacity"`
+	Labels map[string]string `json:"labels"`
+	Load   struct {
+		Sandboxes int `json:"sandboxes"`
+		VCPUs     int `json:"vcpus"`
+		MemoryMiB int `json:"memory_mib"`
+	} `json:"load"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+}
+
+// ListNodes lists the cluster's nodes (none on a single machine).
+func (c *Client) ListNodes(ctx context.Context) ([]Node, error) {
+	var out struct {
+		Nodes []Node `json:"nodes"`
+	}
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/nodes", nil, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Nodes, nil
+}
+
+// SetNodeState cordons, uncordons or drains a node (verb "cordon",
+// "uncordon", "drain").
+func (c *Client) SetNodeState(ctx context.Context, id, verb string) (*Node, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty node id")
+	}
+	var out Node
+	if _, err := c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+":"+verb, nil, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }

@@ -148,6 +148,7 @@ type serverOpts struct {
 	env      []string // extra environment
 	dataDir  string   // default: a new temporary directory
 	template string   // template createRunning uses (default: the server's)
+	token    string   // the API token (default: the one the server made in its data directory)
 }
 
 // startServer starts `space serve` and waits until it answers /healthz.
@@ -183,6 +184,10 @@ func startServer(t *testing.T, o serverOpts) *server {
 	}
 	s.start()
 	t.Cleanup(s.stop)
+	if o.token != "" {
+		s.token = o.token
+		return s
+	}
 	b, err := os.ReadFile(filepath.Join(s.dataDir, "api-token"))
 	if err != nil {
 		t.Fatalf("read api-token: %v", err)

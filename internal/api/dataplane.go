@@ -78,7 +78,7 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		edge.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
-	serve(d.edge, d.router, w, r, func(r *http.Request, p params) (*http.Request, error) {
+	serve(d.edge, d.router, w, r, nil, func(r *http.Request, p params) (*http.Request, error) {
 		sid := p["session_id"]
 		if !ids.Valid(ids.Process, sid) {
 			return nil, errdefs.New(errdefs.NotFound, "no such session")

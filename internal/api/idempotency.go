@@ -67,6 +67,9 @@ type idempotency struct {
 	store store.Idempotency
 	owner string // this process's boot id
 	now   func() time.Time
+	// alive says whether another process holding a reservation still runs
+	// (a cluster's member); nil: no other process shares the store.
+	alive func(ctx context.Context, owner string) bool
 
 	mu      sync.Mutex // guards waiters
 	waiters map[string]chan struct{}
@@ -123,6 +126,19 @@ func (m *idempotency) do(w http.ResponseWriter, r *http.Request, body []byte, ha
 			}
 			if rec.State == store.IdemDone {
 				return response{status: rec.Status, body: rec.Body, location: rec.Location}, true, nil
+			}
+			if m.alive != nil && rec.Owner != m.owner && !m.alive(r.Context(), rec.Owner) {
+				// Its process died before the change committed (a change
+				// completes the key in its own transaction): this request
+				// runs it, once.
+				took, err := m.store.TakeOverIdempotencyKey(r.Context(), key, rec.Owner, m.owner)
+				if err != nil {
+					return response{}, false, err
+				}
+				if took {
+					return m.run(r.Context(), key, handler)
+				}
+				continue
 			}
 			if err := m.wait(r.Context(), key); err != nil {
 				return response{}, false, err

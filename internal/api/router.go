@@ -13,7 +13,10 @@ type Route struct {
 	Method  string
 	Pattern string
 	// Auth is false only for the public endpoints (health, spec, metrics).
-	Auth    bool
+	Auth bool
+	// Node marks a route served where sandbox {id} runs (it needs the
+	// sandbox's agent or network): in a cluster, the node that runs it.
+	Node    bool
 	Handler handlerFunc
 
 	segs []string

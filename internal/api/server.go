@@ -17,6 +17,7 @@ import (
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -44,6 +45,20 @@ type Config struct {
 	// Usage holds the sandboxes' sampled CPU, memory and disk use (nil:
 	// the metrics route answers an empty series).
 	Usage Usage
+	// Forwarder, in a cluster, serves the routes that need a sandbox's
+	// agent by the node that runs it (nil: every sandbox runs here).
+	Forwarder Forwarder
+	// OwnerAlive, in a cluster, says whether the process holding an
+	// idempotency reservation is alive (nil: only this one is).
+	OwnerAlive func(ctx context.Context, owner string) bool
+	// Nodes, in a cluster, lists and cordons or drains nodes.
+	Nodes Nodes
+}
+
+// Forwarder sends a request to the node that runs a sandbox
+// (internal/cluster): it reports false when that is this process.
+type Forwarder interface {
+	Forward(w http.ResponseWriter, r *http.Request, node string) bool
 }
 
 // Usage is the sandboxes' sampled use of CPU, memory and disk.
@@ -107,12 +122,15 @@ type Server struct {
 	builder   TemplateBuilder
 	dataDir   string
 	usage     Usage
+	forwarder Forwarder
+	nodes     Nodes
 }
 
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
-		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage}
+		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage, forwarder: cfg.Forwarder, nodes: cfg.Nodes}
+	s.idem.alive = cfg.OwnerAlive
 	s.router = newRouter(s.Routes())
 	s.edge = &edge.Edge{Listener: "api", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}
 	return s
@@ -134,30 +152,35 @@ func (s *Server) Routes() []Route {
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Handler: s.lifecycleHandler(sandbox.OpWake)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:fork", Auth: true, Handler: s.forkSandbox},
-		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/network", Auth: true, Handler: s.putNetwork},
+		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/network", Auth: true, Node: true, Handler: s.putNetwork},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}/snapshots", Auth: true, Handler: s.createSnapshot},
 		{Method: "GET", Pattern: "/v1/snapshots", Auth: true, Handler: s.listSnapshots},
 		{Method: "GET", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.getSnapshot},
 		{Method: "DELETE", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.deleteSnapshot},
 		{Method: "POST", Pattern: "/v1/snapshots/{id}:tag", Auth: true, Handler: s.tagSnapshot(true)},
 		{Method: "POST", Pattern: "/v1/snapshots/{id}:untag", Auth: true, Handler: s.tagSnapshot(false)},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/metrics", Auth: true, Handler: s.getMetrics},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Handler: s.createCommand},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Handler: s.listProcesses},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes/{process_id}", Auth: true, Handler: s.getProcess},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/processes/{process_id}:signal", Auth: true, Handler: s.signalProcess},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Handler: s.readFile},
-		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Handler: s.writeFile},
-		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Handler: s.deleteFile},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:list", Auth: true, Handler: s.listFiles},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:stat", Auth: true, Handler: s.statFile},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:mkdir", Auth: true, Handler: s.mkdirFile},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:move", Auth: true, Handler: s.moveFile},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/metrics", Auth: true, Node: true, Handler: s.getMetrics},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Node: true, Handler: s.createCommand},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Node: true, Handler: s.listProcesses},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes/{process_id}", Auth: true, Node: true, Handler: s.getProcess},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/processes/{process_id}:signal", Auth: true, Node: true, Handler: s.signalProcess},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Node: true, Handler: s.readFile},
+		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Node: true, Handler: s.writeFile},
+		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Node: true, Handler: s.deleteFile},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:list", Auth: true, Node: true, Handler: s.listFiles},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:stat", Auth: true, Node: true, Handler: s.statFile},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:mkdir", Auth: true, Node: true, Handler: s.mkdirFile},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:move", Auth: true, Node: true, Handler: s.moveFile},
 		{Method: "GET", Pattern: "/v1/templates", Auth: true, Handler: s.listTemplates},
 		{Method: "POST", Pattern: "/v1/templates", Auth: true, Handler: s.createTemplate},
 		{Method: "GET", Pattern: "/v1/templates/{name}:{tag}", Auth: true, Handler: s.getTemplate},
 		{Method: "GET", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Handler: s.getWarmPool},
 		{Method: "PUT", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Handler: s.putWarmPool},
+		{Method: "GET", Pattern: "/v1/nodes", Auth: true, Handler: s.listNodes},
+		{Method: "GET", Pattern: "/v1/nodes/{id}", Auth: true, Handler: s.getNode},
+		{Method: "POST", Pattern: "/v1/nodes/{id}:cordon", Auth: true, Handler: s.setNodeState(store.MemberCordoned)},
+		{Method: "POST", Pattern: "/v1/nodes/{id}:uncordon", Auth: true, Handler: s.setNodeState(store.MemberReady)},
+		{Method: "POST", Pattern: "/v1/nodes/{id}:drain", Auth: true, Handler: s.setNodeState(store.MemberDraining)},
 		{Method: "GET", Pattern: "/v1/operations", Auth: true, Handler: s.listOperations},
 		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Handler: s.getOperation},
 	}
@@ -166,7 +189,7 @@ func (s *Server) Routes() []Route {
 // ServeHTTP routes, authenticates with the API token, recovers panics and
 // records metrics.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	serve(s.edge, s.router, w, r, func(r *http.Request, p params) (*http.Request, error) {
+	serve(s.edge, s.router, w, r, s.forward, func(r *http.Request, p params) (*http.Request, error) {
 		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
 		if !ok {
 			return nil, errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
@@ -180,10 +203,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// forward serves an authenticated request of a Node route by the cluster
+// node that runs its sandbox, when that is another process; anything it
+// cannot resolve (a malformed or unknown id) is left to the handler.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, route *Route, p params) bool {
+	if !route.Node || s.forwarder == nil || !ids.Valid(ids.Sandbox, p["id"]) {
+		return false
+	}
+	sb, err := s.engine.Get(r.Context(), p["id"])
+	if err != nil {
+		return false
+	}
+	return s.forwarder.Forward(w, r, sb.Node)
+}
+
 // serve is what both listeners do with a request on their edge: route it,
 // authenticate it with authn when the route needs it (success gives the
-// request as the handler sees it), and run its handler.
-func serve(e *edge.Edge, rt *router, w http.ResponseWriter, r *http.Request, authn func(*http.Request, params) (*http.Request, error)) {
+// request as the handler sees it), hand it to fwd (nil, or false: it is
+// served here), and run its handler.
+func serve(e *edge.Edge, rt *router, w http.ResponseWriter, r *http.Request, fwd func(http.ResponseWriter, *http.Request, *Route, params) bool, authn func(*http.Request, params) (*http.Request, error)) {
 	e.Serve(w, r, func(w http.ResponseWriter, r *http.Request, name *string) error {
 		route, p, allowed := rt.match(r.Method, r.URL.Path)
 		if route == nil {
@@ -196,6 +234,9 @@ func serve(e *edge.Edge, rt *router, w http.ResponseWriter, r *http.Request, aut
 				return err
 			}
 			r = ar
+		}
+		if fwd != nil && fwd(w, r, route, p) {
+			return nil
 		}
 		return route.Handler(w, r, p)
 	})

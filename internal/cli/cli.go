@@ -42,7 +42,7 @@ var errUsage = errors.New("usage")
 const usage = `space — Sandboxed Platform for Agentic Code Execution
 
 Server:
-  space serve [flags]                 start SPACE (space serve -h for flags)
+  space serve [flags]                 start SPACE (space serve -h for flags; --role control|node for a cluster)
   space token create|list|revoke      manage API tokens in the data directory
   space template build|list|inspect|tag|rm|gc   manage templates in the data directory
 
@@ -50,6 +50,7 @@ Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space sandbox create|list|get|pause|suspend|wake|fork|delete
   space operation get|wait|list
   space snapshot create SANDBOX [--name N --wait] | list [--sandbox ID] | rm SNAPSHOT…
+  space node list | cordon NODE | uncordon NODE | drain NODE   (a cluster's nodes)
   space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
   space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
   space bench [--runtime R --template T --runs N --quick --json-out FILE]
@@ -108,6 +109,8 @@ func run(ctx context.Context, args []string, o Options) error {
 		return operationCmd(ctx, rest, o)
 	case "snapshot", "snapshots", "snap":
 		return snapshotCmd(ctx, rest, o)
+	case "node", "nodes":
+		return nodeCmd(ctx, rest, o)
 	case "exec":
 		return execCmd(ctx, rest, o)
 	case "template", "templates":

@@ -97,6 +97,51 @@ type Serve struct {
 	// SandboxDomain is the domain of sandbox host names
 	// ({port}-{id}.{domain}) the data plane routes to sandbox ports.
 	SandboxDomain string
+
+	// Role is what this process does: all (a single machine), control
+	// (API, placement, sweeps; no sandboxes) or node (runs sandboxes).
+	Role string
+	// ClusterKey authenticates the cluster's own calls and derives the key
+	// every member signs tokens with (control and node roles).
+	ClusterKey string
+	// NodeName names a node (default: the host name); NodeURL is where
+	// control replicas reach its API listener and ECWURL its E2B listener
+	// (default: from the listen addresses); NodeLabels are its labels
+	// (k=v,…).
+	NodeName   string
+	NodeURL    string
+	ECWURL     string
+	NodeLabels string
+	// Heartbeat is how often a cluster member says it is alive;
+	// NodeLostAfter how long a node may be silent before it is lost.
+	Heartbeat     time.Duration
+	NodeLostAfter time.Duration
+}
+
+// The roles of `space serve`.
+const (
+	RoleAll     = "all"
+	RoleControl = "control"
+	RoleNode    = "node"
+)
+
+// Clustered says whether this process is one of several (control or node).
+func (s *Serve) Clustered() bool { return s.Role == RoleControl || s.Role == RoleNode }
+
+// Labels parses --node-labels.
+func (s *Serve) Labels() (map[string]string, error) {
+	out := map[string]string{}
+	for _, item := range strings.Split(s.NodeLabels, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(item, "=")
+		if !ok || k == "" || len(k) > 63 || len(v) > 63 {
+			return nil, fmt.Errorf("--node-labels %q: want key=value (each at most 63 characters), comma-separated", item)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // Flags registers s's fields on fs, with defaults taken from the
@@ -158,6 +203,14 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.EgressDNS, "egress-dns", "", "upstream resolver ADDR:PORT the sandboxes' resolver forwards allowed names to (default: the host's first nameserver)")
 	str(&s.DefaultEgress, "default-egress", "public", "egress of sandboxes whose create names none: public or none")
 	str(&s.EgressAllowPrivate, "egress-allow-private", "", "private ranges sandboxes may reach despite the floor, like \"10.1.2.0/24\" (comma-separated)")
+	str(&s.Role, "role", RoleAll, "what this process does: all (one machine), control (API and scheduling for cluster nodes; several behind a load balancer) or node (runs sandboxes for the control replicas)")
+	str(&s.ClusterKey, "cluster-key", "", "shared secret of a cluster's members (control and node roles; at least 16 characters; never logged)")
+	str(&s.NodeName, "node-name", "", "this node's name in the cluster (default: the host name)")
+	str(&s.NodeURL, "node-url", "", "where control replicas reach this node's API listener (default: from --api-addr)")
+	str(&s.ECWURL, "ecw-url", "", "where control replicas reach this node's E2B listener (default: from --ecw-addr)")
+	str(&s.NodeLabels, "node-labels", "", "this node's labels, like \"zone=a,disk=ssd\"")
+	dur(&s.Heartbeat, "heartbeat", time.Second, "how often a cluster member records that it is alive")
+	dur(&s.NodeLostAfter, "node-lost-after", 10*time.Second, "how long a cluster member may stay silent before it counts as lost (its running sandboxes fail with node_lost)")
 	str(&s.SandboxDomain, "sandbox-domain", "", "domain of sandbox port host names {port}-{id}.{domain} served by the data plane (default: localhost:<data-plane port>)")
 }
 
@@ -197,6 +250,24 @@ func (s *Serve) Validate() error {
 	}
 	if s.Store != "" && !postgres.IsURL(s.Store) {
 		errs = append(errs, errors.New("--store must be empty (SQLite in the data directory) or a postgres:// URL"))
+	}
+	switch s.Role {
+	case RoleAll:
+	case RoleControl, RoleNode:
+		if !postgres.IsURL(s.Store) || s.BlobStore == "" {
+			errs = append(errs, fmt.Errorf("--role %s needs the cluster's shared state: --store postgres://… and --blob-store s3://…", s.Role))
+		}
+		if len(s.ClusterKey) < 16 {
+			errs = append(errs, fmt.Errorf("--role %s needs --cluster-key (at least 16 characters), the same on every member", s.Role))
+		}
+		if s.Heartbeat < 100*time.Millisecond || s.NodeLostAfter < 3*s.Heartbeat {
+			errs = append(errs, errors.New("--heartbeat must be at least 100ms and --node-lost-after at least three heartbeats"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--role %q: want all, control or node", s.Role))
+	}
+	if _, err := s.Labels(); err != nil {
+		errs = append(errs, err)
 	}
 	if s.TemplateCacheMiB < 0 {
 		errs = append(errs, errors.New("--template-cache-mib must not be negative"))

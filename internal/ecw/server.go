@@ -21,6 +21,7 @@ import (
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/jsonbody"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -76,6 +77,15 @@ type Config struct {
 	// Usage holds the sandboxes' sampled resource use (nil: getMetrics
 	// answers an empty list).
 	Usage Usage
+	// Forwarder, in a cluster, serves a sandbox's envd, port and metrics
+	// requests by the node that runs it (nil: every sandbox runs here).
+	Forwarder Forwarder
+}
+
+// Forwarder sends a request to the node that runs a sandbox
+// (internal/cluster): it reports false when that is this process.
+type Forwarder interface {
+	Forward(w http.ResponseWriter, r *http.Request, node string) bool
 }
 
 // Usage is the sandboxes' sampled use of CPU, memory and disk.
@@ -111,6 +121,14 @@ func New(cfg Config) *Server {
 // the layer's edge (errors as E2B's {"code","message"}).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.edge.Serve(w, r, func(w http.ResponseWriter, r *http.Request, route *string) error {
+		if id, _, ok := envdTarget(r); ok && s.forward(w, r, id) {
+			*route = "forwarded"
+			return nil
+		}
+		if id, ok := metricsTarget(r); ok && s.forward(w, r, id) {
+			*route = "forwarded"
+			return nil
+		}
 		if id, port, ok := envdTarget(r); ok && port != EnvdPort && s.cfg.Ingress != nil {
 			*route = "ingress"
 			s.cfg.Ingress.Serve(w, r, id, port, r.URL.Path)
@@ -128,6 +146,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if signed {
 				if id, err = s.signedSandbox(r.Context(), f); err != nil {
 					return err
+				}
+				if s.forward(w, r, id) {
+					*route = "forwarded"
+					return nil
 				}
 				port, ok = EnvdPort, true
 			}
@@ -153,6 +175,33 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), errSlotKey{}, &err))) // (sets the path values)
 		return err
 	})
+}
+
+// forward serves a request about sandbox id by the cluster node that runs
+// it, when that is another process (anything unresolved is served here).
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, id string) bool {
+	if s.cfg.Forwarder == nil || !ids.Valid(ids.Sandbox, id) {
+		return false
+	}
+	sb, err := s.cfg.Engine.Get(r.Context(), id)
+	if err != nil {
+		return false
+	}
+	return s.cfg.Forwarder.Forward(w, r, sb.Node)
+}
+
+// metricsTarget is the sandbox of a getMetrics request (its samples are
+// kept by the node that runs it).
+func metricsTarget(r *http.Request) (string, bool) {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/sandboxes/")
+	if !ok {
+		return "", false
+	}
+	composite, tail, ok := strings.Cut(rest, "/")
+	if !ok || tail != "metrics" {
+		return "", false
+	}
+	return shortID(composite)
 }
 
 // handler is an E2B endpoint: it returns its failure, which the edge writes.

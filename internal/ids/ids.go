@@ -20,6 +20,7 @@ const (
 	Process   Prefix = "proc_"
 	Token     Prefix = "tok_"
 	Snapshot  Prefix = "snap_"
+	Node      Prefix = "node_"
 )
 
 const (

@@ -34,8 +34,8 @@ func (e *Engine) agent(ctx context.Context, id string, touch bool) (*sandboxio.A
 			WithDetails(map[string]any{"state": string(sb.State)})
 	}
 	rt, ok := e.runtimes[sb.Runtime]
-	if !ok {
-		return nil, nil, errdefs.New(errdefs.Unavailable, "runtime %q of sandbox %s is not available on this server", sb.Runtime, id)
+	if !ok || !e.runsHere(sb.Node) {
+		return nil, nil, errdefs.New(errdefs.Unavailable, "sandbox %s does not run on this server", id)
 	}
 	if touch {
 		e.Touch(id) // work on a sandbox keeps it awake (see idle.go)

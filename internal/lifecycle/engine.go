@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,9 +82,19 @@ type Config struct {
 	// ("public" or "none"; default "none").
 	DefaultEgress string
 	Limits        Limits
-	// MaxActiveSandboxes caps sandboxes that are neither deleted nor failed
-	// (0 = no cap); a create beyond it is resource_exhausted.
+	// MaxActiveSandboxes caps this node's sandboxes that are neither
+	// deleted nor failed (0 = no cap); a create beyond it is
+	// resource_exhausted.
 	MaxActiveSandboxes int
+	// Node is the node whose sandboxes this engine runs with Runtimes
+	// ("" on a single machine; a node's id in a cluster). Cluster, when set,
+	// places new sandboxes on nodes and hands operations to the node that
+	// holds their sandbox; a control replica has a Cluster and no Runtimes.
+	Node    string
+	Cluster Cluster
+	// InboxInterval is how often a cluster node looks for operations of
+	// its sandboxes that were not handed to it (default 1 s).
+	InboxInterval time.Duration
 	// DefaultAutoLifecycle is the idle policy of sandboxes that name none.
 	DefaultAutoLifecycle sandbox.AutoLifecycle
 	// SuspendPausedAfter suspends sandboxes paused this long (0 = never).
@@ -106,7 +117,7 @@ func (c *Config) Validate() error {
 	if c.SnapshotRoot == "" {
 		return errors.New("lifecycle: no snapshot root")
 	}
-	if c.DefaultRuntime != "" {
+	if c.DefaultRuntime != "" && (c.Cluster == nil || len(c.Runtimes) > 0) { // (a control replica's nodes run it)
 		found := false
 		for _, r := range c.Runtimes {
 			found = found || r.Name() == c.DefaultRuntime
@@ -173,6 +184,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.IdleInterval == 0 {
 		e.cfg.IdleInterval = time.Second
 	}
+	if cfg.InboxInterval == 0 {
+		e.cfg.InboxInterval = time.Second
+	}
 	for _, r := range cfg.Runtimes {
 		e.runtimes[r.Name()] = r
 		if er, ok := r.(runtime.ExitReporter); ok {
@@ -191,6 +205,10 @@ func (e *Engine) Ready() error {
 	switch {
 	case !started:
 		return errors.New("lifecycle engine not started")
+	case len(e.runtimes) == 0 && e.cfg.Cluster != nil:
+		if err := e.cfg.Cluster.Ready(); err != nil {
+			return err
+		}
 	case len(e.runtimes) == 0:
 		return errors.New("no sandbox runtime is available on this host")
 	case e.cfg.Templates == nil:
@@ -207,7 +225,24 @@ func (e *Engine) Runtimes() (names []string, def string) {
 	for _, r := range e.cfg.Runtimes {
 		names = append(names, r.Name())
 	}
-	return names, e.cfg.DefaultRuntime
+	def = e.cfg.DefaultRuntime
+	if len(names) == 0 && e.cfg.Cluster != nil {
+		// A control replica offers what its nodes run.
+		names = e.cfg.Cluster.Runtimes()
+		if def == "" && len(names) > 0 {
+			def = names[0]
+		}
+	}
+	return names, def
+}
+
+// offers says whether a runtime runs here or on some node of the cluster.
+func (e *Engine) offers(name string) bool {
+	if _, ok := e.runtimes[name]; ok {
+		return true
+	}
+	names, _ := e.Runtimes()
+	return slices.Contains(names, name)
 }
 
 // RuntimeDetails says how each runtime runs on this host (for example the
@@ -289,9 +324,9 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 	}
 	rtName := req.Runtime
 	if rtName == "" {
-		rtName = e.cfg.DefaultRuntime
+		_, rtName = e.Runtimes()
 	}
-	if _, ok := e.runtimes[rtName]; !ok {
+	if !e.offers(rtName) {
 		names, _ := e.Runtimes()
 		return nil, nil, errdefs.New(errdefs.InvalidArgument, "runtime: %q is not available on this server (available: %v)", rtName, names).
 			WithDetails(map[string]any{"field": "runtime"})
@@ -316,22 +351,43 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 			}
 		}
 	}
+	var node string
+	var maxActive int
+	if snap != nil {
+		// Its image is on the disk of the node that made it.
+		node, maxActive = snap.Node, e.cfg.MaxActiveSandboxes
+		if c := e.cfg.Cluster; c != nil {
+			got, max, err := c.Place(ctx, Need{Runtime: rtName, Resources: *req.Resources, Prefer: node})
+			if err == nil && got != node {
+				err = errdefs.New(errdefs.Unavailable, "snapshot %s is on node %s, which takes no new sandboxes now", snap.ID, node)
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			maxActive = max
+		}
+	} else {
+		var err error
+		if node, maxActive, err = e.place(ctx, Need{Runtime: rtName, Resources: *req.Resources, Template: tpl.Digest}); err != nil {
+			return nil, nil, err
+		}
+	}
 	now := e.now()
 	sb := &sandbox.Sandbox{
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rtName,
 		Resources: *req.Resources, Env: req.Env, Metadata: req.Metadata, AutoLifecycle: *req.AutoLifecycle, Network: req.Network,
-		CreatedAt: now, UpdatedAt: now, LastActiveAt: now,
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Node: node,
 	}
 	if snap != nil {
 		sb.Snapshot = snap.ID // its environment came with req.Env
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	sb.ActiveOperation = op.ID
-	if err := e.store.CreateSandbox(ctx, sb, op, render.completion(sb, op), e.cfg.MaxActiveSandboxes); err != nil {
+	if err := e.store.CreateSandbox(ctx, sb, op, render.completion(sb, op), maxActive); err != nil {
 		return nil, nil, fmt.Errorf("record sandbox: %w", err)
 	}
-	e.log.Info("sandbox create accepted", "sandbox_id", sb.ID, "operation_id", op.ID, "runtime", rtName, "template", tpl.Ref)
-	e.submit(*op)
+	e.log.Info("sandbox create accepted", "sandbox_id", sb.ID, "operation_id", op.ID, "runtime", rtName, "template", tpl.Ref, "node", node)
+	e.dispatch(*op, node)
 	return sb, op, nil
 }
 
@@ -357,9 +413,11 @@ func (e *Engine) Delete(ctx context.Context, id string, render Render) (*sandbox
 }
 
 func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, render Render) (*sandbox.Operation, error) {
+	home := e.rehome(ctx, kind, id)
 	now := e.now()
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: kind, SandboxID: id, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	var immediate bool
+	var node string
 	decide := func(sb *sandbox.Sandbox, op *sandbox.Operation) error {
 		if sb.State == sandbox.Deleted {
 			if kind == sandbox.OpDelete {
@@ -376,7 +434,7 @@ func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, rend
 		if err != nil {
 			return errdefs.New(errdefs.FailedPrecondition, "%v", err).WithDetails(map[string]any{"state": string(sb.State)})
 		}
-		if _, ok := e.runtimes[sb.Runtime]; !ok && !tr.Immediate {
+		if !e.offers(sb.Runtime) && !tr.Immediate {
 			return errdefs.New(errdefs.Unavailable, "runtime %q of sandbox %s is not available on this server", sb.Runtime, id)
 		}
 		op.From = sb.State
@@ -387,6 +445,10 @@ func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, rend
 		}
 		sb.SetState(tr.Through, now)
 		sb.ActiveOperation = op.ID
+		if home != "" {
+			sb.Node = home
+		}
+		node = sb.Node
 		return nil
 	}
 	_, err := e.store.BeginOperation(ctx, op, func(sb *sandbox.Sandbox, o *sandbox.Operation) (*store.Completion, error) {
@@ -402,8 +464,8 @@ func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, rend
 		e.observe(*op, 0)
 		return op, nil
 	}
-	e.log.Info("operation accepted", "sandbox_id", id, "operation_id", op.ID, "kind", kind)
-	e.submit(*op)
+	e.log.Info("operation accepted", "sandbox_id", id, "operation_id", op.ID, "kind", kind, "node", node)
+	e.dispatch(*op, node)
 	return op, nil
 }
 

@@ -46,7 +46,7 @@ func (e *Engine) Fork(ctx context.Context, id string, count int, render ForkRend
 		f := &sandbox.Sandbox{
 			ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: src.Template, Runtime: src.Runtime,
 			Resources: src.Resources, Env: maps.Clone(src.Env), Metadata: maps.Clone(src.Metadata), AutoLifecycle: src.AutoLifecycle,
-			ForkOf: id, CreatedAt: now, UpdatedAt: now, LastActiveAt: now, ActiveOperation: op.ID,
+			ForkOf: id, CreatedAt: now, UpdatedAt: now, LastActiveAt: now, ActiveOperation: op.ID, Node: src.Node,
 		}
 		if src.Network != nil {
 			n := *src.Network
@@ -56,7 +56,12 @@ func (e *Engine) Fork(ctx context.Context, id string, count int, render ForkRend
 		forks[i] = f
 		op.Sandboxes = append(op.Sandboxes, f.ID)
 	}
-	_, err = e.store.BeginFork(ctx, op, forks, e.cfg.MaxActiveSandboxes, func(sb *sandbox.Sandbox, o *sandbox.Operation) (*store.Completion, error) {
+	// The copies start on the source's node, from its save.
+	_, maxActive, err := e.place(ctx, Need{Runtime: src.Runtime, Prefer: src.Node})
+	if err != nil {
+		return nil, nil, err
+	}
+	_, err = e.store.BeginFork(ctx, op, forks, maxActive, func(sb *sandbox.Sandbox, o *sandbox.Operation) (*store.Completion, error) {
 		if err := holdSource(sb, o); err != nil {
 			return nil, err
 		}
@@ -69,7 +74,7 @@ func (e *Engine) Fork(ctx context.Context, id string, count int, render ForkRend
 		return nil, nil, err
 	}
 	e.log.Info("sandbox fork accepted", "sandbox_id", id, "operation_id", op.ID, "count", count)
-	e.submit(*op)
+	e.dispatch(*op, src.Node)
 	return op, forks, nil
 }
 

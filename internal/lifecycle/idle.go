@@ -95,7 +95,7 @@ func (e *Engine) idleSweep(ctx context.Context) {
 	e.flushActivity(ctx)
 	e.expireSweep(ctx, now)
 	// A sweep that cannot list sandboxes tries again at its next run.
-	store.EachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
+	store.EachSandboxOn(ctx, e.store, &e.cfg.Node, sandbox.Running, func(sb *sandbox.Sandbox) {
 		if sb.Pool != "" || sb.ActiveOperation != "" || sb.AutoLifecycle.IdleAction == "" || sb.AutoLifecycle.IdleAction == "none" {
 			return
 		}
@@ -118,7 +118,7 @@ func (e *Engine) idleSweep(ctx context.Context) {
 		}
 	})
 	if limit := e.cfg.SuspendPausedAfter; limit > 0 {
-		store.EachSandbox(ctx, e.store, sandbox.Paused, func(sb *sandbox.Sandbox) {
+		store.EachSandboxOn(ctx, e.store, &e.cfg.Node, sandbox.Paused, func(sb *sandbox.Sandbox) {
 			if sb.ActiveOperation == "" && now.Sub(sb.UpdatedAt) >= limit {
 				if op, err := e.Suspend(ctx, sb.ID, nil); err == nil {
 					e.log.Info("paused too long: automatic suspend", "sandbox_id", sb.ID, "operation_id", op.ID)

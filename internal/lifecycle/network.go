@@ -95,7 +95,7 @@ func (e *Engine) pruneNetworks(ctx context.Context) {
 	}
 	for _, id := range k.Known() {
 		sb, err := e.store.GetSandbox(ctx, id)
-		if err == nil && sb.State != sandbox.Deleted && sb.State != sandbox.Failed {
+		if err == nil && sb.State != sandbox.Deleted && sb.State != sandbox.Failed && sb.Node == e.cfg.Node {
 			continue
 		}
 		if err != nil && !errors.Is(err, errdefs.NotFound) {

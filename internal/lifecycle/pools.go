@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -153,13 +154,25 @@ func (e *Engine) claim(ctx context.Context, req CreateRequest, key string, tpl s
 		return nil, nil
 	}
 	e.kickPools()
-	// Its user's network policy, before the user can run anything in it.
+	if e.runsHere(sb.Node) || e.cfg.Cluster == nil {
+		e.readyClaimed(ctx, sb)
+	} else {
+		e.cfg.Cluster.Claimed(sb.Node, sb.ID)
+	}
+	e.observe(*op, 0)
+	e.log.Info("sandbox created from the warm pool", "sandbox_id", sb.ID, "operation_id", op.ID)
+	return sb, op
+}
+
+// readyClaimed gives a claimed pool sandbox its user's network policy,
+// before the user can run anything in it, and its own clock and entropy,
+// now that it is someone's.
+func (e *Engine) readyClaimed(ctx context.Context, sb *sandbox.Sandbox) {
 	if e.cfg.Network != nil && sb.Network != nil {
 		if err := e.cfg.Network.Apply(ctx, sb.ID, *sb.Network); err != nil {
 			e.log.Error("apply the network policy of a claimed sandbox", "sandbox_id", sb.ID, "err", err)
 		}
 	}
-	// Its own clock and entropy, now that it is someone's.
 	e.loops.Add(1)
 	go func() {
 		defer e.loops.Done()
@@ -167,9 +180,6 @@ func (e *Engine) claim(ctx context.Context, req CreateRequest, key string, tpl s
 			e.identify(e.life, r, e.spec(sb), false)
 		}
 	}()
-	e.observe(*op, 0)
-	e.log.Info("sandbox created from the warm pool", "sandbox_id", sb.ID, "operation_id", op.ID)
-	return sb, op
 }
 
 // runPools keeps every pool at its size until the engine closes.
@@ -203,7 +213,7 @@ func (e *Engine) refill(ctx context.Context) {
 			continue
 		}
 		live[p.key] = true
-		sbs, err := e.store.PoolSandboxes(ctx, p.key)
+		sbs, err := e.poolSandboxes(ctx, p.key)
 		if err != nil {
 			continue
 		}
@@ -247,7 +257,7 @@ func (e *Engine) dropStalePools(ctx context.Context, live map[string]bool) {
 		if live[k] {
 			continue
 		}
-		sbs, err := e.store.PoolSandboxes(ctx, k)
+		sbs, err := e.poolSandboxes(ctx, k)
 		if err != nil {
 			continue
 		}
@@ -260,13 +270,20 @@ func (e *Engine) dropStalePools(ctx context.Context, live map[string]bool) {
 	}
 }
 
+// poolSandboxes lists a pool's sandboxes on this node: each node keeps
+// its own pools full (in a cluster, a create claims from any node's).
+func (e *Engine) poolSandboxes(ctx context.Context, key string) ([]sandbox.Sandbox, error) {
+	sbs, err := e.store.PoolSandboxes(ctx, key)
+	return slices.DeleteFunc(sbs, func(sb sandbox.Sandbox) bool { return sb.Node != e.cfg.Node }), err
+}
+
 func (e *Engine) createPooled(ctx context.Context, p pool) error {
 	now := e.now()
 	sb := &sandbox.Sandbox{
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: p.tpl, Runtime: e.cfg.DefaultRuntime, Resources: DefaultResources,
 		Env: map[string]string{}, Metadata: map[string]string{}, AutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: "720h", IdleAction: "none"},
 		Network:   &sandbox.Network{Egress: "none", Allow: []string{}, Deny: []string{}}, // its user's policy comes with the claim
-		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: p.key,
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: p.key, Node: e.cfg.Node,
 	}
 	if s := p.snap; s != nil {
 		sb.Snapshot, sb.Runtime, sb.Resources, sb.Env = s.ID, s.Runtime, s.Resources, maps.Clone(s.Env)

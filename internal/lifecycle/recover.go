@@ -17,26 +17,44 @@ import (
 // with a reason. Start returns once every sandbox at rest was checked; the
 // resumed operations run in the background.
 func (e *Engine) Start(ctx context.Context) error {
-	for _, st := range []sandbox.State{sandbox.Running, sandbox.Paused, sandbox.Suspended} {
-		if err := store.EachSandbox(ctx, e.store, st, func(sb *sandbox.Sandbox) { e.readopt(ctx, sb) }); err != nil {
-			return fmt.Errorf("list %s sandboxes: %w", st, err)
+	runs := len(e.runtimes) > 0 // (a control replica runs no sandbox)
+	var ops []sandbox.Operation
+	if runs {
+		for _, st := range []sandbox.State{sandbox.Running, sandbox.Paused, sandbox.Suspended} {
+			if err := store.EachSandboxOn(ctx, e.store, &e.cfg.Node, st, func(sb *sandbox.Sandbox) { e.readopt(ctx, sb) }); err != nil {
+				return fmt.Errorf("list %s sandboxes: %w", st, err)
+			}
 		}
-	}
-	e.pruneNetworks(ctx)
-	ops, err := e.store.UnfinishedOperations(ctx)
-	if err != nil {
-		return fmt.Errorf("list unfinished operations: %w", err)
+		if e.cfg.Cluster != nil {
+			e.releaseLost(ctx)
+		}
+		e.pruneNetworks(ctx)
+		var err error
+		if ops, err = e.store.UnfinishedOperations(ctx, e.cfg.Node); err != nil {
+			return fmt.Errorf("list unfinished operations: %w", err)
+		}
 	}
 	e.mu.Lock()
 	e.started = true
-	e.loops.Add(3)
 	e.mu.Unlock()
-	go e.runIdle(e.cfg.IdleInterval)
-	go e.runPools()
-	go func() {
-		defer e.loops.Done()
-		e.sweepArchive(e.life)
-	}()
+	if runs {
+		e.loops.Add(2)
+		go e.runIdle(e.cfg.IdleInterval)
+		go e.runPools()
+		if e.cfg.Cluster != nil {
+			e.loops.Add(1)
+			go e.runInbox(e.cfg.InboxInterval)
+		}
+	}
+	if e.cfg.Cluster == nil || !runs {
+		// (Once per cluster would do; every control replica doing it is
+		// harmless.)
+		e.loops.Add(1)
+		go func() {
+			defer e.loops.Done()
+			e.sweepArchive(e.life)
+		}()
+	}
 	for _, op := range ops {
 		if op.Kind == sandbox.OpBuild {
 			e.failInterruptedBuild(ctx, op)

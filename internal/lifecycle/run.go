@@ -50,6 +50,10 @@ func (e *Engine) execute(op sandbox.Operation) {
 		log.Error("load sandbox for operation", "err", err)
 		return
 	}
+	if e.cfg.Cluster != nil && !e.runsHere(sb.Node) {
+		log.Info("operation's sandbox is on another node; leaving it to that node", "node", sb.Node)
+		return
+	}
 	rt, ok := e.runtimes[sb.Runtime]
 	if !ok {
 		gone := &sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("runtime %q is not available on this server", sb.Runtime)}

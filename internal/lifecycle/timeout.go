@@ -54,7 +54,7 @@ func (e *Engine) ExtendTimeout(ctx context.Context, id string, d time.Duration) 
 // expireSweep runs the timeout action of every running sandbox past its
 // deadline.
 func (e *Engine) expireSweep(ctx context.Context, now time.Time) {
-	store.EachSandbox(ctx, e.store, sandbox.Running, func(sb *sandbox.Sandbox) {
+	store.EachSandboxOn(ctx, e.store, &e.cfg.Node, sandbox.Running, func(sb *sandbox.Sandbox) {
 		if sb.Pool != "" || sb.ActiveOperation != "" || sb.ExpiresAt == nil || now.Before(*sb.ExpiresAt) {
 			return
 		}

@@ -95,7 +95,10 @@ type Sandbox struct {
 	ForkOf string `json:"fork_of,omitempty"`
 	// Snapshot is the snapshot this sandbox was created from ("" for one
 	// made from a template).
-	Snapshot     string    `json:"snapshot,omitempty"`
+	Snapshot string `json:"snapshot,omitempty"`
+	// Node is the cluster node that runs the sandbox, or last ran it ("" on
+	// a single machine, where the server runs every sandbox itself).
+	Node         string    `json:"node,omitempty"`
 	CreatedAt    time.Time `json:"created_at"`
 	UpdatedAt    time.Time `json:"updated_at"`
 	LastActiveAt time.Time `json:"last_active_at"`
@@ -239,7 +242,10 @@ type Snapshot struct {
 	// (and its warm pool) starts from the snapshot.
 	Tag string `json:"tag,omitempty"`
 	// SizeBytes is the disk it takes (0 until ready).
-	SizeBytes   int64      `json:"size_bytes"`
+	SizeBytes int64 `json:"size_bytes"`
+	// Node is the cluster node whose disk holds the snapshot ("" on a
+	// single machine); sandboxes made from it start there.
+	Node        string     `json:"node,omitempty"`
 	OperationID string     `json:"operation_id"`
 	Error       *ErrorInfo `json:"error"`
 	CreatedAt   time.Time  `json:"created_at"`

@@ -23,6 +23,7 @@ import (
 	"github.com/spacesandbox/space/internal/api"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/blobstore"
+	"github.com/spacesandbox/space/internal/cluster"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/ecw"
@@ -32,6 +33,7 @@ import (
 	"github.com/spacesandbox/space/internal/metrics"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/templates"
 	"github.com/spacesandbox/space/internal/usage"
 )
@@ -93,7 +95,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	var lockLost <-chan error // (nil: never)
 	if x, ok := st.(interface {
 		Exclusive(context.Context) (<-chan error, error)
-	}); ok {
+	}); ok && !cfg.Clustered() {
 		if lockLost, err = x.Exclusive(ctx); err != nil {
 			return err
 		}
@@ -115,18 +117,41 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	} else if path != "" {
 		log.Info("created the first admin API token; read it from the file (it is not logged)", "path", path)
 	}
-	if n, err := st.PruneIdempotencyKeys(ctx, time.Now().UTC(), bootID); err != nil {
-		return err
-	} else if n > 0 {
-		log.Info("dropped expired or abandoned idempotency records", "count", n)
+	if !cfg.Clustered() {
+		// (In a cluster, a sweep drops those of members that are gone.)
+		if n, err := st.PruneIdempotencyKeys(ctx, time.Now().UTC(), bootID); err != nil {
+			return err
+		} else if n > 0 {
+			log.Info("dropped expired or abandoned idempotency records", "count", n)
+		}
 	}
 
 	h, err := host(ctx, cfg, log)
 	if err != nil {
 		return fmt.Errorf("discover runtimes: %w", err)
 	}
+	if cfg.Role == config.RoleControl {
+		h.Runtimes = nil // a control replica runs no sandbox; its nodes do
+	}
 	if bs != nil && h.TemplateStore != nil {
 		h.TemplateStore.SetRemote(&templates.Remote{Mirror: bs, CacheBytes: int64(cfg.TemplateCacheMiB) << 20, InUse: st.TemplatesInUse, Log: log})
+	}
+	var clu *cluster.Cluster
+	var nodeOf *string // the node whose sandboxes this process runs (nil: all)
+	if cfg.Clustered() {
+		self, err := newMember(cfg, bootID, h.Runtimes)
+		if err != nil {
+			return err
+		}
+		clu, err = cluster.New(cluster.Config{Store: st, Self: self, Key: cfg.ClusterKey, Heartbeat: cfg.Heartbeat, LostAfter: cfg.NodeLostAfter,
+			Templates: cachedTemplates(h.TemplateStore), Logger: log})
+		if err != nil {
+			return err
+		}
+		if self.Role == store.RoleNode {
+			nodeOf = &self.ID
+			log = log.With("node", self.ID)
+		}
 	}
 	netMgr, err := startNetwork(ctx, cfg, h, log)
 	if err != nil {
@@ -156,6 +181,8 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		OperationTimeout: cfg.OperationTimeout, MaxActiveSandboxes: cfg.MaxSandboxes,
 		DefaultAutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: cfg.IdleTimeout.String(), IdleAction: cfg.IdleAction},
 		SuspendPausedAfter:   cfg.SuspendPausedAfter,
+		Node:                 derefOr(nodeOf, ""),
+		Cluster:              clusterOf(clu),
 	})
 	if err != nil {
 		return err
@@ -206,8 +233,11 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		apiLn.Close()
 		return fmt.Errorf("listen on %s: %w", cfg.DataPlaneAddr, err)
 	}
-	signer, err := auth.LoadSigner(filepath.Join(cfg.DataDir, AttachKeyFile))
-	if err != nil {
+	var signer *auth.Signer
+	if clu != nil {
+		// Every member accepts the tokens any member issued.
+		signer = auth.NewSigner(cluster.SigningKey(cfg.ClusterKey))
+	} else if signer, err = auth.LoadSigner(filepath.Join(cfg.DataDir, AttachKeyFile)); err != nil {
 		apiLn.Close()
 		dataLn.Close()
 		return err
@@ -221,9 +251,9 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		dataURL = scheme + "://" + dataLn.Addr().String()
 	}
 	cmds := commands.New(commands.Config{Agents: eng, Signer: signer, DataPlaneURL: dataURL, TokenTTL: cfg.AttachTokenTTL, Logger: log})
-	sampler := usage.New(usage.Config{Sandboxes: eng, Agents: eng, Logger: log, Every: cfg.MetricsInterval})
+	sampler := usage.New(usage.Config{Sandboxes: eng, Agents: eng, Logger: log, Every: cfg.MetricsInterval, Node: nodeOf})
 	m.Register(sampler.Collectors()...)
-	if cfg.MetricsInterval > 0 {
+	if cfg.MetricsInterval > 0 && cfg.Role != config.RoleControl {
 		var samplerWG sync.WaitGroup
 		samplerCtx, stopSampler := context.WithCancel(ctx)
 		samplerWG.Add(1)
@@ -232,6 +262,9 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		defer stopSampler()
 	}
 	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID, DataDir: cfg.DataDir, Usage: sampler}
+	if clu != nil {
+		acfg.Forwarder, acfg.OwnerAlive, acfg.Nodes = clu.APIForwarder(), clu.OwnerAlive, clu
+	}
 	if h.TemplateStore != nil {
 		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}
@@ -248,8 +281,12 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		dcfg.Ingress = ing
 	}
 	dataSrv := api.NewDataPlane(dcfg)
+	var apiHandler http.Handler = apiSrv
+	if clu != nil && nodeOf != nil {
+		apiHandler = clu.NodeHandler(eng, apiSrv) // the cluster's calls, under /internal/
+	}
 	servers := []*http.Server{
-		newHTTPServer(apiSrv, cfg, log),
+		newHTTPServer(apiHandler, cfg, log),
 		newHTTPServer(dataSrv, cfg, log),
 	}
 	lns := []net.Listener{httpguard.Listener(apiLn, cfg.MaxConnections), httpguard.Listener(dataLn, cfg.MaxConnections)}
@@ -263,12 +300,34 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		}
 		ecwAddr = ln.Addr().String()
 		ecfg := ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log, Ingress: ing, Domain: cfg.SandboxDomain, Usage: sampler}
+		if clu != nil {
+			ecfg.Forwarder = clu.ECWForwarder()
+		}
 		if ecfg.Domain == "" {
 			_, port, _ := net.SplitHostPort(ecwAddr)
 			ecfg.Domain = "localhost:" + port
 		}
 		servers = append(servers, newHTTPServer(ecw.New(ecfg), cfg, log))
 		lns = append(lns, httpguard.Listener(ln, cfg.MaxConnections))
+	}
+	if clu != nil {
+		ecwURL := ""
+		if ecwAddr != "" {
+			ecwURL = listenerURL(cfg.ECWURL, addrOf(ecwAddr), cfg.TLS())
+		}
+		clu.SetAddresses(listenerURL(cfg.NodeURL, apiLn.Addr(), cfg.TLS()), dataURL, ecwURL)
+		if err := joinCluster(ctx, clu, log); err != nil {
+			for _, ln := range lns {
+				ln.Close()
+			}
+			return err
+		}
+		defer clu.Close()
+		if cfg.Role == config.RoleControl {
+			if locker, ok := st.(cluster.Locker); ok {
+				clu.RunSweeps(cluster.Sweeper{Lock: locker, FailNode: eng.FailLostNode, DrainNode: eng.DrainNode, Idempotency: st})
+			}
+		}
 	}
 	errc := make(chan error, len(servers))
 	var wg sync.WaitGroup
@@ -287,7 +346,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 			}
 		}()
 	}
-	log.Info("serving", "api_addr", apiLn.Addr().String(), "data_plane_addr", dataLn.Addr().String(), "ecw_addr", ecwAddr, "tls", cfg.TLS(), "data_dir", cfg.DataDir, "store", storeKind(cfg.Store))
+	log.Info("serving", "role", cfg.Role, "api_addr", apiLn.Addr().String(), "data_plane_addr", dataLn.Addr().String(), "ecw_addr", ecwAddr, "tls", cfg.TLS(), "data_dir", cfg.DataDir, "store", storeKind(cfg.Store))
 	if ready != nil {
 		ready(apiLn.Addr(), dataLn.Addr())
 	}
@@ -315,6 +374,30 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	eng.Close()
 	log.Info("stopped")
 	return runErr
+}
+
+func derefOr(p *string, def string) string {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// clusterOf is c as the engine's Cluster (a nil interface without one).
+func clusterOf(c *cluster.Cluster) lifecycle.Cluster {
+	if c == nil {
+		return nil
+	}
+	return c
+}
+
+// addrOf is a bound address string as a net.Addr ("" stays empty).
+func addrOf(s string) net.Addr {
+	if s == "" {
+		return &net.TCPAddr{}
+	}
+	a, _ := net.ResolveTCPAddr("tcp", s)
+	return a
 }
 
 func deadlineOf(ctx context.Context) time.Time {

@@ -27,6 +27,7 @@ type Store interface {
 	Idempotency
 	Tokens
 	TemplateRefs
+	Members
 	// Ping checks the database answers a read (readiness).
 	Ping(ctx context.Context) error
 	Close() error
@@ -38,7 +39,8 @@ type Sandboxes interface {
 	// CreateSandbox records a new sandbox and its create operation, and
 	// completes idem (when non-nil) in the same transaction. When maxActive
 	// > 0 and that many sandboxes are already active (neither deleted nor
-	// failed), it stores nothing and returns errdefs.ResourceExhausted.
+	// failed) on its node, it stores nothing and returns
+	// errdefs.ResourceExhausted.
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *Completion, maxActive int) error
 	// GetSandbox returns a sandbox, errdefs.NotFound when there is none.
 	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
@@ -70,8 +72,10 @@ type Sandboxes interface {
 	GetOperation(ctx context.Context, id string) (*sandbox.Operation, error)
 	// ListOperations returns one page of operations in insertion order.
 	ListOperations(ctx context.Context, q OperationQuery) (Page[sandbox.Operation], error)
-	// UnfinishedOperations returns every operation not yet terminal, oldest first.
-	UnfinishedOperations(ctx context.Context) ([]sandbox.Operation, error)
+	// UnfinishedOperations returns every operation not yet terminal of the
+	// sandboxes on node, oldest first; node "" (a single machine) includes
+	// the operations of no sandbox.
+	UnfinishedOperations(ctx context.Context, node string) ([]sandbox.Operation, error)
 	// UpdateSandbox applies mutate to a sandbox in one transaction; an error
 	// from mutate leaves it unchanged. It returns the updated sandbox.
 	UpdateSandbox(ctx context.Context, id string, mutate func(sb *sandbox.Sandbox) error) (*sandbox.Sandbox, error)
@@ -143,9 +147,103 @@ type Idempotency interface {
 	// can be retried (used when it failed without changing anything).
 	ReleaseIdempotencyKey(ctx context.Context, key string) error
 	// PruneIdempotencyKeys deletes completed records that expired before now
-	// and in-flight reservations held by any owner other than liveOwner (their
+	// and in-flight reservations held by any owner not in liveOwners (their
 	// process is gone and its transaction never committed).
-	PruneIdempotencyKeys(ctx context.Context, now time.Time, liveOwner string) (int, error)
+	PruneIdempotencyKeys(ctx context.Context, now time.Time, liveOwners ...string) (int, error)
+	// TakeOverIdempotencyKey gives an in-flight reservation held by
+	// deadOwner (a process that is gone) to owner; false when the key is
+	// no longer in flight under deadOwner.
+	TakeOverIdempotencyKey(ctx context.Context, key, deadOwner, owner string) (bool, error)
+}
+
+// Members records the processes of a cluster: nodes, which run sandboxes,
+// and control replicas, which serve the API; each heartbeats.
+type Members interface {
+	// JoinMember records m as alive now: a new member is inserted, a
+	// known one (a node restarted) takes m's boot id, addresses, capacity
+	// and labels; a node keeps a cordon or drain, and a lost one is
+	// ready again. It returns the member as recorded.
+	JoinMember(ctx context.Context, m *Member) (*Member, error)
+	// HeartbeatMember records that member id, running as bootID, is alive
+	// at at, and returns it as recorded; NotFound when there is no such
+	// member, Conflict when another process took its id (another boot id).
+	HeartbeatMember(ctx context.Context, id, bootID string, at time.Time) (*Member, error)
+	// GetMember returns a member, errdefs.NotFound when there is none.
+	GetMember(ctx context.Context, id string) (*Member, error)
+	// ListMembers returns the members of a role ("" for every role).
+	ListMembers(ctx context.Context, role MemberRole) ([]Member, error)
+	// SetMemberState changes a node's state (cordon, drain, ready) and
+	// returns it; NotFound when there is none.
+	SetMemberState(ctx context.Context, id string, state MemberState) (*Member, error)
+	// MarkLostMembers marks every member not lost whose last heartbeat is
+	// before staleBefore lost, and returns them.
+	MarkLostMembers(ctx context.Context, staleBefore time.Time) ([]Member, error)
+	// LeaveMember removes a control replica that stops (a node stays
+	// recorded: its sandboxes name it).
+	LeaveMember(ctx context.Context, id, bootID string) error
+	// NodeLoads sums what the active sandboxes of each node reserve.
+	NodeLoads(ctx context.Context) (map[string]NodeLoad, error)
+}
+
+// MemberRole is what a cluster process does.
+type MemberRole string
+
+// The roles.
+const (
+	RoleNode    MemberRole = "node"
+	RoleControl MemberRole = "control"
+)
+
+// MemberState is a member's standing in the cluster.
+type MemberState string
+
+// The member states. Only a ready node takes new sandboxes.
+const (
+	MemberReady    MemberState = "ready"
+	MemberCordoned MemberState = "cordoned" // runs what it has, takes nothing new
+	MemberDraining MemberState = "draining" // cordoned, and its sandboxes are being suspended
+	MemberLost     MemberState = "lost"     // stopped heartbeating
+)
+
+// Member is one process of a cluster.
+type Member struct {
+	// ID is a node's stable id (node_…, kept in its data directory) or a
+	// control replica's boot id.
+	ID     string     `json:"id"`
+	Role   MemberRole `json:"role"`
+	Name   string     `json:"name"`
+	BootID string     `json:"boot_id"`
+	// URL is where the cluster reaches a node's API (control → node);
+	// DataPlaneURL and ECWURL are where clients reach its data plane and
+	// E2B listener.
+	URL          string            `json:"url,omitempty"`
+	DataPlaneURL string            `json:"data_plane_url,omitempty"`
+	ECWURL       string            `json:"ecw_url,omitempty"`
+	Capacity     Capacity          `json:"capacity"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	// Templates are the template digests a node has cached.
+	Templates   []string    `json:"templates,omitempty"`
+	State       MemberState `json:"state"`
+	StartedAt   time.Time   `json:"started_at"`
+	HeartbeatAt time.Time   `json:"heartbeat_at"`
+}
+
+// Capacity is what a node offers sandboxes.
+type Capacity struct {
+	VCPUs        int      `json:"vcpus"`
+	MemoryMiB    int      `json:"memory_mib"`
+	DiskMiB      int      `json:"disk_mib"`
+	MaxSandboxes int      `json:"max_sandboxes"` // 0: no cap
+	Runtimes     []string `json:"runtimes"`
+	Acceleration string   `json:"acceleration,omitempty"`
+}
+
+// NodeLoad is what a node's active sandboxes (neither deleted nor failed)
+// reserve.
+type NodeLoad struct {
+	Sandboxes int `json:"sandboxes"`
+	VCPUs     int `json:"vcpus"`
+	MemoryMiB int `json:"memory_mib"`
 }
 
 // TemplateRefs says which templates the recorded sandboxes were made from,
@@ -215,13 +313,20 @@ type SandboxQuery struct {
 	Limit  int
 	// IncludePool lists warm-pool sandboxes too (the engine's own sweeps).
 	IncludePool bool
+	// Node, when set, lists only the sandboxes on that node.
+	Node *string
 }
 
 // EachSandbox calls fn for every sandbox in state (empty: every state but
 // deleted), warm-pool sandboxes included, one page at a time. It stops at
 // the first error listing a page.
 func EachSandbox(ctx context.Context, st Sandboxes, state sandbox.State, fn func(*sandbox.Sandbox)) error {
-	q := SandboxQuery{State: state, Limit: MaxLimit, IncludePool: true}
+	return EachSandboxOn(ctx, st, nil, state, fn)
+}
+
+// EachSandboxOn is EachSandbox for the sandboxes on one node (nil: on any).
+func EachSandboxOn(ctx context.Context, st Sandboxes, node *string, state sandbox.State, fn func(*sandbox.Sandbox)) error {
+	q := SandboxQuery{State: state, Limit: MaxLimit, IncludePool: true, Node: node}
 	for {
 		page, err := st.ListSandboxes(ctx, q)
 		if err != nil {

@@ -44,6 +44,9 @@ type Config struct {
 	Every, Keep time.Duration
 	// Parallel bounds the agents asked at once (default 8).
 	Parallel int
+	// Node, in a cluster, is the node whose sandboxes are sampled (the
+	// others run elsewhere).
+	Node *string
 }
 
 // Sampler keeps the series.
@@ -88,7 +91,7 @@ func (s *Sampler) Run(ctx context.Context) {
 // SampleAll takes one sample of every running sandbox now.
 func (s *Sampler) SampleAll(ctx context.Context) {
 	var ids []string
-	q := store.SandboxQuery{State: sandbox.Running, Limit: store.MaxLimit}
+	q := store.SandboxQuery{State: sandbox.Running, Limit: store.MaxLimit, Node: s.cfg.Node}
 	for {
 		page, err := s.cfg.Sandboxes.List(ctx, q)
 		if err != nil {

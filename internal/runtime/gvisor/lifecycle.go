@@ -272,6 +272,11 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
 		return err
 	}
+	// The agent's key goes with the image: a node that restores it
+	// elsewhere (a cluster's wake) lets the same agent in.
+	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("keep agent key: %w", err)
+	}
 	if err := syncDir(gdir); err != nil {
 		return fmt.Errorf("sync snapshot: %w", err)
 	}
@@ -302,6 +307,14 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 			return r.ready(ctx, spec, false) // restored already
 		}
 		return fmt.Errorf("restore %s: no complete snapshot: %w", id, runtime.ErrNotFound)
+	}
+	if _, err := os.Stat(r.sandboxDir(id)); errors.Is(err, os.ErrNotExist) {
+		// Suspended on another host (its snapshot came from a blob
+		// store): its bundle and agent endpoint are made here, as for a
+		// copy (CreateFrom), with the key saved beside the image.
+		if _, err := r.prepare(ctx, spec, gdir); err != nil {
+			return err
+		}
 	}
 	if _, err := r.endpoint(id); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"strings"
 	"sync"
@@ -174,6 +175,33 @@ func (s *Store) keep(ctx context.Context, lost chan<- error) {
 	}
 }
 
+// TryLock takes the advisory lock called name on a connection of its own if
+// no other session holds it; release gives it back (and the connection).
+// Cluster sweeps run under such locks, so one process runs each at a time;
+// a process that dies loses its lock with its session.
+func (s *Store) TryLock(ctx context.Context, name string) (release func(), ok bool, err error) {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("take a connection for lock %s: %w", name, err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	key := int64(h.Sum64())
+	if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil || !ok {
+		c.Close()
+		if err != nil {
+			err = fmt.Errorf("take lock %s: %w", name, err)
+		}
+		return nil, false, err
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c.ExecContext(uctx, `SELECT pg_advisory_unlock($1)`, key)
+		c.Close()
+	}, true, nil
+}
+
 // Relocks says how often the lock was taken again after its session ended.
 func (s *Store) Relocks() int64 { return s.relocks.Load() }
 
@@ -192,7 +220,10 @@ var dialect = &sqlstore.Dialect{
 	SkipLocked:    " FOR UPDATE SKIP LOCKED",
 	LimitLock:     `SELECT pg_advisory_xact_lock(7355609)`,
 	DigestExpr:    `(doc::jsonb #>> '{template,digest}')`,
-	IsUnique:      func(err error) bool { return code(err) == "23505" },
+	JSONInt: func(path ...string) string {
+		return `COALESCE((doc::jsonb #>> '{` + strings.Join(path, ",") + `}')::bigint, 0)`
+	},
+	IsUnique: func(err error) bool { return code(err) == "23505" },
 	Retry: func(err error) bool {
 		c := code(err)
 		return c == "40001" || c == "40P01" // serialization_failure, deadlock_detected

@@ -74,4 +74,18 @@ CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, seq);
 ALTER TABLE snapshots ADD COLUMN tag TEXT;
 CREATE UNIQUE INDEX snapshots_tag ON snapshots(tag) WHERE tag IS NOT NULL;
 `,
+	// 5: cluster members (nodes and control replicas), and the node each
+	// sandbox runs on.
+	`
+ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_node ON sandboxes(node, state);
+CREATE TABLE members (
+	id           TEXT PRIMARY KEY,
+	role         TEXT NOT NULL,
+	boot_id      TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	heartbeat_at INTEGER NOT NULL,
+	doc          TEXT NOT NULL
+);
+`,
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
@@ -68,9 +69,12 @@ func Open(ctx context.Context, path string) (*Store, error) {
 }
 
 var dialect = &sqlstore.Dialect{
-	Name:         "sqlite",
-	Migrations:   migrations,
-	DigestExpr:   `json_extract(doc, '$.template.digest')`,
+	Name:       "sqlite",
+	Migrations: migrations,
+	DigestExpr: `json_extract(doc, '$.template.digest')`,
+	JSONInt: func(path ...string) string {
+		return `COALESCE(json_extract(doc, '$.` + strings.Join(path, ".") + `'), 0)`
+	},
 	IsUnique:     isUnique,
 	Retry:        func(error) bool { return false }, // one writer: nothing to lose
 	StorageError: storageError,

@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -99,12 +100,27 @@ func (s *Store) ReleaseIdempotencyKey(ctx context.Context, key string) error {
 	return nil
 }
 
-func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, liveOwner string) (int, error) {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE (state = ? AND expires_at <= ?) OR (state = ? AND owner != ?)`,
-		store.IdemDone, now.UnixNano(), store.IdemInFlight, liveOwner)
+func (s *Store) PruneIdempotencyKeys(ctx context.Context, now time.Time, liveOwners ...string) (int, error) {
+	q, args := `DELETE FROM idempotency_keys WHERE (state = ? AND expires_at <= ?) OR (state = ?`, []any{store.IdemDone, now.UnixNano(), store.IdemInFlight}
+	if len(liveOwners) > 0 {
+		q += ` AND owner NOT IN (?` + strings.Repeat(`, ?`, len(liveOwners)-1) + `)`
+		for _, o := range liveOwners {
+			args = append(args, o)
+		}
+	}
+	res, err := s.w.ExecContext(ctx, q+`)`, args...)
 	if err != nil {
 		return 0, fmt.Errorf("prune idempotency keys: %w", err)
 	}
 	n, _ := res.RowsAffected()
 	return int(n), nil
+}
+
+func (s *Store) TakeOverIdempotencyKey(ctx context.Context, key, deadOwner, owner string) (bool, error) {
+	res, err := s.w.ExecContext(ctx, `UPDATE idempotency_keys SET owner = ? WHERE key = ? AND state = ? AND owner = ?`, owner, key, store.IdemInFlight, deadOwner)
+	if err != nil {
+		return false, fmt.Errorf("take over idempotency key: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
 }

@@ -17,7 +17,7 @@ import (
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sandbox.Operation, idem *store.Completion, maxActive int) error {
 	return s.tx(ctx, func(tx *tx) error {
-		if err := checkActive(ctx, tx, maxActive, 1); err != nil {
+		if err := checkActive(ctx, tx, sb.Node, maxActive, 1); err != nil {
 			return err
 		}
 		if err := insertSandbox(ctx, tx, sb); err != nil {
@@ -32,7 +32,11 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sand
 
 func (s *Store) BeginFork(ctx context.Context, op *sandbox.Operation, forks []*sandbox.Sandbox, maxActive int, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
 	return s.begin(ctx, op, decide, func(tx *tx) error {
-		if err := checkActive(ctx, tx, maxActive, len(forks)); err != nil {
+		node := ""
+		if len(forks) > 0 {
+			node = forks[0].Node
+		}
+		if err := checkActive(ctx, tx, node, maxActive, len(forks)); err != nil {
 			return err
 		}
 		for _, f := range forks {
@@ -44,9 +48,9 @@ func (s *Store) BeginFork(ctx context.Context, op *sandbox.Operation, forks []*s
 	})
 }
 
-// checkActive refuses adding more sandboxes when that would take the server
+// checkActive refuses adding more sandboxes to node when that would take it
 // past maxActive active ones (0: no limit).
-func checkActive(ctx context.Context, tx *tx, maxActive, more int) error {
+func checkActive(ctx context.Context, tx *tx, node string, maxActive, more int) error {
 	if maxActive <= 0 {
 		return nil
 	}
@@ -58,11 +62,15 @@ func checkActive(ctx context.Context, tx *tx, maxActive, more int) error {
 		}
 	}
 	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed')`).Scan(&n); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE node = ? AND state NOT IN ('deleted', 'failed')`, node).Scan(&n); err != nil {
 		return fmt.Errorf("count active sandboxes: %w", err)
 	}
 	if n+more > maxActive {
-		return errdefs.New(errdefs.ResourceExhausted, "this server holds at most %d active sandboxes; delete or wait for one to go", maxActive).
+		where := "this server holds"
+		if node != "" {
+			where = "node " + node + " holds"
+		}
+		return errdefs.New(errdefs.ResourceExhausted, "%s at most %d active sandboxes; delete or wait for one to go", where, maxActive).
 			WithDetails(map[string]any{"max_active_sandboxes": maxActive})
 	}
 	return nil
@@ -82,7 +90,7 @@ func insertSandbox(ctx context.Context, tx *tx, sb *sandbox.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("encode sandbox: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, pool, doc) VALUES (?, ?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, sb.Pool, doc)
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, pool, node, doc) VALUES (?, ?, ?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, sb.Pool, sb.Node, doc)
 	if err != nil {
 		if tx.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "sandbox %s already exists", sb.ID)
@@ -112,7 +120,7 @@ func updateSandbox(ctx context.Context, tx *tx, sb *sandbox.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("encode sandbox: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, active_op = ?, pool = ?, doc = ? WHERE id = ?`, sb.State, sb.ActiveOperation, sb.Pool, doc, sb.ID)
+	_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, active_op = ?, pool = ?, node = ?, doc = ? WHERE id = ?`, sb.State, sb.ActiveOperation, sb.Pool, sb.Node, doc, sb.ID)
 	if err != nil {
 		return fmt.Errorf("update sandbox: %w", err)
 	}
@@ -192,12 +200,15 @@ func (s *Store) ListSandboxes(ctx context.Context, q store.SandboxQuery) (store.
 	if err != nil {
 		return page, err
 	}
-	var rows *sql.Rows
+	where, args := `state != 'deleted'`, []any{}
 	if q.State != "" {
-		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE state = ? AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, q.State, q.IncludePool, after, limit+1)
-	} else {
-		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE state != 'deleted' AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, q.IncludePool, after, limit+1)
+		where, args = `state = ?`, append(args, q.State)
 	}
+	if q.Node != nil {
+		where, args = where+` AND node = ?`, append(args, *q.Node)
+	}
+	args = append(args, q.IncludePool, after, limit+1)
+	rows, err := s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE `+where+` AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, args...)
 	if err != nil {
 		return page, fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -268,8 +279,10 @@ func (s *Store) ListOperations(ctx context.Context, q store.OperationQuery) (sto
 	return page, rows.Err()
 }
 
-func (s *Store) UnfinishedOperations(ctx context.Context) ([]sandbox.Operation, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT doc, from_state FROM operations WHERE state IN ('pending', 'running') ORDER BY seq`)
+func (s *Store) UnfinishedOperations(ctx context.Context, node string) ([]sandbox.Operation, error) {
+	// Operations of no sandbox (builds) are the single machine's ("").
+	rows, err := s.r.QueryContext(ctx, `SELECT o.doc, o.from_state FROM operations o LEFT JOIN sandboxes s ON s.id = o.sandbox_id
+		WHERE o.state IN ('pending', 'running') AND COALESCE(s.node, '') = ? ORDER BY o.seq`, node)
 	if err != nil {
 		return nil, fmt.Errorf("list unfinished operations: %w", err)
 	}

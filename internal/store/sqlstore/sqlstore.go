@@ -49,8 +49,11 @@ type Dialect struct {
 	// (" FOR UPDATE SKIP LOCKED", warm-pool claims); LimitLock runs before
 	// the active-sandbox count of a create. Empty for a single writer.
 	ForUpdate, SkipLocked, LimitLock string
-	// DigestExpr extracts the template digest from a doc column.
+	// DigestExpr extracts the template digest from a doc column; JSONInt
+	// makes the expression that reads an integer at a path of it
+	// ("resources", "vcpus").
 	DigestExpr string
+	JSONInt    func(path ...string) string
 	// IsUnique says err is a unique-constraint violation.
 	IsUnique func(error) bool
 	// Retry says a transaction failed only because a concurrent one won a

@@ -325,7 +325,7 @@ func testUnfinishedOperations(t *testing.T, open Opener) {
 	_, c := mustCreate(t, s, sandbox.Starting)
 	s.UpdateOperationState(ctx, b.ID, sandbox.OpRunning, epoch)
 	s.FinishOperation(ctx, store.Finish{OperationID: c.ID, State: sandbox.OpSucceeded, SandboxState: sandbox.Running, At: epoch})
-	ops, err := s.UnfinishedOperations(ctx)
+	ops, err := s.UnfinishedOperations(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func testOperationWithoutSandbox(t *testing.T, open Opener) {
 		t.Fatal("idempotency key not completed with the operation")
 	}
 	wantKind(t, s.CreateOperation(ctx, op, nil), errdefs.Conflict)
-	if ops, _ := s.UnfinishedOperations(ctx); len(ops) != 1 || ops[0].Template != "mine:v1" {
+	if ops, _ := s.UnfinishedOperations(ctx, ""); len(ops) != 1 || ops[0].Template != "mine:v1" {
 		t.Fatalf("unfinished = %+v", ops)
 	}
 	if err := s.FinishOperation(ctx, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, At: epoch}); err != nil {

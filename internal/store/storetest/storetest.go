@@ -47,6 +47,9 @@ func Run(t *testing.T, newDB Factory) {
 		{"SurvivesReopen", testSurvivesReopen},
 		{"Ping", testPing},
 		{"TemplatesInUse", testTemplatesInUse},
+		{"Members", testMembers},
+		{"SandboxesByNode", testSandboxesByNode},
+		{"IdempotencyTakeOver", testIdempotencyTakeOver},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

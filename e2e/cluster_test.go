@@ -1,0 +1,277 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/blobstore/s3test"
+	"github.com/spacesandbox/space/internal/store/postgres/pgtest"
+)
+
+// clusterKey is the test cluster's shared secret.
+const clusterKey = "e2e-cluster-key-0123456789"
+
+// testCluster is control replicas and nodes on one PostgreSQL database
+// and one bucket, each process with its own data directory.
+type testCluster struct {
+	t        *testing.T
+	env      []string
+	tplDir   string // a data directory holding the test template, copied to each member
+	controls []*server
+	nodes    []*server
+	token    string
+}
+
+// startCluster starts controls control replicas and nodes gvisor nodes.
+func startCluster(t *testing.T, controls, nodes int) *testCluster {
+	t.Helper()
+	requireGVisor(t)
+	_, bucket := s3test.Bucket(t)
+	c := &testCluster{t: t, env: append(s3test.Env(), "SPACE_STORE="+pgtest.URL(t), "SPACE_BLOB_STORE="+bucket, "SPACE_CLUSTER_KEY="+clusterKey)}
+	c.tplDir = t.TempDir()
+	if out, err := exec.Command(spaceBin, "template", "build", "test", "--data-dir", c.tplDir).CombinedOutput(); err != nil {
+		t.Fatalf("build test template: %v\n%s", err, out)
+	}
+	for range controls {
+		c.controls = append(c.controls, c.start("control"))
+	}
+	for range nodes {
+		c.nodes = append(c.nodes, c.start("node"))
+	}
+	c.waitReady(nodes)
+	return c
+}
+
+// start starts one member of role; the first one makes the API token.
+func (c *testCluster) start(role string) *server {
+	c.t.Helper()
+	dir := c.t.TempDir()
+	if out, err := exec.Command("cp", "-a", filepath.Join(c.tplDir, "templates"), dir).CombinedOutput(); err != nil {
+		c.t.Fatalf("copy templates: %v %s", err, out)
+	}
+	args := []string{"--role", role, "--runtime", "gvisor", "--build-seed=false", "--heartbeat", "200ms", "--node-lost-after", "3s",
+		"--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent"), "--node-name", fmt.Sprintf("%s-%d", role, len(c.controls)+len(c.nodes))}
+	if role == "node" {
+		c.t.Cleanup(func() { killGVisorLeftovers(dir) }) // after the node stopped
+	}
+	s := startServer(c.t, serverOpts{bin: spaceBin, dataDir: dir, template: "test:latest", env: c.env, args: args, token: c.token})
+	if c.token == "" {
+		c.token = s.token
+	}
+	if role == "node" {
+		c.t.Cleanup(func() { cleanupGVisor(s) }) // before it stops
+	}
+	return s
+}
+
+// waitReady waits until every control replica sees n live nodes.
+func (c *testCluster) waitReady(n int) {
+	c.t.Helper()
+	for _, ctl := range c.controls {
+		waitFor(c.t, fmt.Sprintf("%d nodes ready", n), func() bool { return len(c.liveNodes(ctl)) == n })
+	}
+}
+
+type clusterNode struct {
+	ID    string `json:"id"`
+	Name  string `json:"name"`
+	State string `json:"state"`
+}
+
+// liveNodes lists the nodes a control replica reports ready.
+func (c *testCluster) liveNodes(s *server) []clusterNode {
+	r := s.do("GET", "/v1/nodes", c.token, nil)
+	if r.status != 200 {
+		c.t.Fatalf("list nodes = %d %s", r.status, r.body)
+	}
+	var page struct {
+		Nodes []clusterNode `json:"nodes"`
+	}
+	r.json(c.t, &page)
+	var out []clusterNode
+	for _, n := range page.Nodes {
+		if n.State == "ready" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// nodeOf says which node a sandbox is on.
+func nodeOf(t *testing.T, s *server, sbx string) string {
+	t.Helper()
+	sb, err := s.client().GetSandbox(context.Background(), sbx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb.Node
+}
+
+// TestCluster drives 2 control replicas and 3 gvisor nodes on one
+// PostgreSQL database and one bucket: creates spread over the nodes;
+// commands, files and E2B calls work through either replica; a control
+// replica SIGKILLed with an operation in flight loses nothing; a node
+// SIGKILLed fails its running sandboxes (node_lost) while its suspended one
+// wakes on another node with its processes and files.
+func TestCluster(t *testing.T) {
+	c := startCluster(t, 2, 3)
+	c1, c2 := c.controls[0], c.controls[1]
+	ctx := context.Background()
+
+	// Creates spread: six sandboxes through both replicas, two per node.
+	perNode := map[string][]string{}
+	var sbxs []string
+	for i := range 6 {
+		s := c.controls[i%2]
+		sbx := s.createRunning()
+		sbxs = append(sbxs, sbx)
+		perNode[nodeOf(t, c1, sbx)] = append(perNode[nodeOf(t, c1, sbx)], sbx)
+	}
+	if len(perNode) != 3 {
+		t.Fatalf("six creates landed on %d nodes: %v", len(perNode), perNode)
+	}
+	for n, l := range perNode {
+		if len(l) != 2 {
+			t.Fatalf("node %s got %d of six sandboxes (want an even spread): %v", n, len(l), perNode)
+		}
+	}
+
+	// Commands and files through either replica, whichever node runs it.
+	for i, sbx := range sbxs[:3] {
+		w, r := c.controls[i%2], c.controls[(i+1)%2]
+		if rep := w.do("PUT", "/v1/sandboxes/"+sbx+"/files?path=/root/hello.txt", c.token, []byte("hello "+sbx)); rep.status/100 != 2 {
+			t.Fatalf("write through a replica = %d %s", rep.status, rep.body)
+		}
+		if rep := r.do("GET", "/v1/sandboxes/"+sbx+"/files?path=/root/hello.txt", c.token, nil); rep.status != 200 || string(rep.body) != "hello "+sbx {
+			t.Fatalf("read through the other replica = %d %q", rep.status, rep.body)
+		}
+		tr, _ := r.runCommand(sbx, map[string]any{"command": []string{"cat", "/root/hello.txt"}})
+		if string(tr.stdout) != "hello "+sbx {
+			t.Fatalf("command through a replica = %q %v", tr.stdout, tr.events)
+		}
+	}
+
+	// E2B: the SDK's calls reach the node through the replica's E2B
+	// listener (REST, and envd by E2b-Sandbox-Id).
+	e2bKey := "X-API-KEY: " + c.token
+	rep := c2.ecwDo("POST", "/sandboxes", []byte(`{"templateID":"test:latest","timeout":300}`), e2bKey, "Content-Type: application/json")
+	if rep.status != 201 {
+		t.Fatalf("E2B create through a replica = %d %s", rep.status, rep.body)
+	}
+	var e2bSbx struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	rep.json(t, &e2bSbx)
+	route := []string{"E2b-Sandbox-Id: " + e2bSbx.SandboxID, "E2b-Sandbox-Port: 49983", "X-Access-Token: " + e2bSbx.EnvdAccessToken}
+	for _, s := range c.controls {
+		if rep := s.ecwDo("GET", "/files?path=/etc/hostname", nil, route...); rep.status != 200 || len(rep.body) == 0 {
+			t.Fatalf("E2B envd file read through a replica = %d %s", rep.status, rep.body)
+		}
+	}
+	if rep := c1.ecwDo("GET", "/sandboxes/"+e2bSbx.SandboxID, nil, e2bKey); rep.status != 200 {
+		t.Fatalf("E2B get through the other replica = %d %s", rep.status, rep.body)
+	}
+
+	// A control replica dies with an operation in flight: the other one
+	// reports it done (the node runs it; no replica owns it).
+	out, _, err := c1.client().CreateSandbox(ctx, client.CreateSandboxRequest{Template: "test:latest"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1.kill()
+	if op := c2.waitOp(out.Operation.ID); op.State != "succeeded" {
+		t.Fatalf("create accepted by a replica killed at once: %+v", op)
+	}
+	c1.start()
+
+	// A suspended sandbox outlives its node: it wakes on another node with
+	// its files and the process that was counting.
+	moving := perNode[nodeOf(t, c1, sbxs[0])][0]
+	home := nodeOf(t, c1, moving)
+	sess := c1.command(moving, map[string]any{"command": []string{"sh", "-c", "i=0; while true; do echo $i > /tmp/counter; echo tick-$i; i=$((i+1)); sleep 0.2; done"}})
+	st, _ := c1.attach(sess.Attach.URL, sess.Attach.Token, "") // (a command starts when first attached)
+	collect(t, st, &transcript{}, func(tr *transcript) bool { return len(tr.ids) >= 3 })
+	c1.lifecycle(moving, "suspend", "suspended")
+	var homeSrv *server
+	for _, n := range c.nodes {
+		if nodeIDOf(t, n) == home {
+			homeSrv = n
+		}
+	}
+	if homeSrv == nil {
+		t.Fatalf("no node process has id %s", home)
+	}
+	var stayed []string // its other sandboxes, still running
+	for _, sbx := range perNode[home] {
+		if sbx != moving {
+			stayed = append(stayed, sbx)
+		}
+	}
+	homeSrv.kill()
+	waitFor(t, "the killed node's running sandboxes to fail", func() bool {
+		for _, sbx := range stayed {
+			sb, err := c2.client().GetSandbox(ctx, sbx)
+			if err != nil || sb.State != "failed" {
+				return false
+			}
+		}
+		return true
+	})
+	for _, sbx := range stayed {
+		sb, _ := c2.client().GetSandbox(ctx, sbx)
+		if sb.Error == nil || sb.Error.Code != "node_lost" {
+			t.Fatalf("sandbox of a lost node: %+v", sb)
+		}
+	}
+	if sb, _ := c2.client().GetSandbox(ctx, moving); sb.State != "suspended" {
+		t.Fatalf("the suspended sandbox of a lost node is %s", sb.State)
+	}
+	c2.lifecycle(moving, "wake", "running")
+	if now := nodeOf(t, c2, moving); now == home || now == "" {
+		t.Fatalf("woke on node %q, the lost one was %s", now, home)
+	}
+	if rep := c2.do("GET", "/v1/sandboxes/"+moving+"/files?path=/root/hello.txt", c.token, nil); rep.status != 200 || string(rep.body) != "hello "+moving {
+		t.Fatalf("file after waking on another node = %d %q", rep.status, rep.body)
+	}
+	counter := func() int {
+		tr, _ := c2.runCommand(moving, map[string]any{"command": []string{"cat", "/tmp/counter"}})
+		var n int
+		fmt.Sscan(strings.TrimSpace(string(tr.stdout)), &n)
+		return n
+	}
+	first := counter()
+	time.Sleep(time.Second)
+	if second := counter(); first == 0 || second <= first {
+		t.Fatalf("the counting process did not carry on after the move: %d then %d", first, second)
+	}
+
+	// The lost node comes back: it takes nothing of what was failed or
+	// moved, and is ready again.
+	homeSrv.start()
+	c.waitReady(3)
+}
+
+// nodeIDOf reads a node process's id from its data directory.
+func nodeIDOf(t *testing.T, s *server) string {
+	t.Helper()
+	b, err := readFileTrim(filepath.Join(s.dataDir, "node.id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func readFileTrim(path string) (string, error) {
+	out, err := exec.Command("cat", path).Output()
+	return strings.TrimSpace(string(out)), err
+}
+
+var _ = json.Marshal

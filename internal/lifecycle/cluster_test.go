@@ -1,0 +1,175 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store/sqlite"
+)
+
+// fakeCluster is a FAKE cluster (internal/cluster is tested over its real
+// store, and the whole end to end): it places on the first live node —
+// or the preferred one — and hands operations straight to the node's
+// engine, unless told to lose them.
+type fakeCluster struct {
+	mu    sync.Mutex
+	nodes map[string]*lifecycle.Engine
+	order []string
+	dead  map[string]bool
+	drop  bool // lose dispatches (a control replica dying before the call)
+}
+
+func (c *fakeCluster) Place(_ context.Context, need lifecycle.Need) (string, int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if need.Prefer != "" && !c.dead[need.Prefer] {
+		return need.Prefer, 0, nil
+	}
+	for _, n := range c.order {
+		if !c.dead[n] {
+			return n, 0, nil
+		}
+	}
+	return "", 0, errdefs.New(errdefs.Unavailable, "no node")
+}
+
+func (c *fakeCluster) Usable(ctx context.Context, node string) bool { return c.Alive(ctx, node) }
+func (c *fakeCluster) Alive(_ context.Context, node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.dead[node] && slices.Contains(c.order, node)
+}
+
+func (c *fakeCluster) Dispatch(node, opID string) {
+	c.mu.Lock()
+	e, drop := c.nodes[node], c.drop || c.dead[node]
+	c.mu.Unlock()
+	if !drop {
+		go e.Run(context.Background(), opID)
+	}
+}
+func (c *fakeCluster) Claimed(node, id string) {}
+func (c *fakeCluster) Runtimes() []string     { return []string{"fake"} }
+func (c *fakeCluster) Ready() error           { return nil }
+
+// A control engine with no runtime places creates on nodes, whose engines
+// run them (handed over, or found by a node's inbox when the hand-over was
+// lost); a node that is lost has its running sandboxes failed and its
+// in-flight work settled, and a delete of its suspended sandbox runs on
+// another node.
+func TestClusterEngines(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	arch := &fakeArchive{stored: map[string]bool{}}
+	clu := &fakeCluster{nodes: map[string]*lifecycle.Engine{}, dead: map[string]bool{}, order: []string{"node_a", "node_b"}}
+	start := func(cfg lifecycle.Config) *lifecycle.Engine {
+		cfg.Store, cfg.Templates, cfg.Cluster, cfg.Archive = st, fakeruntime.Templates{}, clu, arch
+		cfg.OperationTimeout, cfg.InboxInterval = 5*time.Second, 20*time.Millisecond
+		e, err := lifecycle.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		return e
+	}
+	for _, n := range clu.order {
+		rt, err := fakeruntime.New(fakeruntime.Config{Dir: filepath.Join(dir, n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clu.nodes[n] = start(lifecycle.Config{Node: n, Runtimes: []runtime.Runtime{rt}, SnapshotRoot: filepath.Join(dir, n, "snapshots")})
+	}
+	ctl := start(lifecycle.Config{SnapshotRoot: filepath.Join(dir, "control")})
+	ctx := context.Background()
+	done := func(opID string) *sandbox.Operation {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		op, err := ctl.WaitOperation(wctx, opID)
+		if err != nil {
+			t.Fatalf("wait %s: %v", opID, err)
+		}
+		return op
+	}
+	create := func() *sandbox.Sandbox {
+		t.Helper()
+		sb, op, err := ctl.Create(ctx, lifecycle.CreateRequest{Template: "base"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op := done(op.ID); op.State != sandbox.OpSucceeded {
+			t.Fatalf("create: %+v", op.Error)
+		}
+		return sb
+	}
+	if names, def := ctl.Runtimes(); len(names) != 1 || def != "fake" {
+		t.Fatalf("a control replica offers %v (default %q)", names, def)
+	}
+	running := create()
+	if running.Node != "node_a" {
+		t.Fatalf("placed on %q", running.Node)
+	}
+	// A node's engine never runs another node's sandbox.
+	if _, _, err := clu.nodes["node_b"].Agent(ctx, running.ID); !errors.Is(err, errdefs.Unavailable) {
+		t.Fatalf("node_b reached node_a's sandbox: %v", err)
+	}
+	// The hand-over is lost: node_a's inbox finds the work.
+	clu.mu.Lock()
+	clu.drop = true
+	clu.mu.Unlock()
+	suspended := create()
+	op, err := ctl.Suspend(ctx, suspended.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := done(op.ID); op.State != sandbox.OpSucceeded {
+		t.Fatalf("suspend: %+v", op.Error)
+	}
+	clu.mu.Lock()
+	clu.drop = false
+	clu.dead["node_a"] = true
+	clu.mu.Unlock()
+
+	if n, err := ctl.FailLostNode(ctx, "node_a"); err != nil || n != 1 {
+		t.Fatalf("fail lost node = %d, %v", n, err)
+	}
+	sb, _ := ctl.Get(ctx, running.ID)
+	if sb.State != sandbox.Failed || sb.Error == nil || sb.Error.Code != lifecycle.NodeLost {
+		t.Fatalf("running sandbox of a lost node: %+v", sb)
+	}
+	if sb, _ := ctl.Get(ctx, suspended.ID); sb.State != sandbox.Suspended {
+		t.Fatalf("suspended sandbox of a lost node is %s", sb.State)
+	}
+	if n, _ := ctl.FailLostNode(ctx, "node_a"); n != 0 {
+		t.Fatalf("a second sweep changed %d sandboxes", n)
+	}
+	// Its suspended sandbox is deleted by another node (its stored
+	// snapshot goes from the blob store).
+	op, err = ctl.Delete(ctx, suspended.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := done(op.ID); op.State != sandbox.OpSucceeded {
+		t.Fatalf("delete: %+v", op.Error)
+	}
+	if sb, _ := ctl.Get(ctx, suspended.ID); sb.State != sandbox.Deleted || sb.Node != "node_b" {
+		t.Fatalf("deleted sandbox of a lost node: %+v", sb)
+	}
+}
