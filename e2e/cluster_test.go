@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,20 +26,22 @@ const clusterKey = "e2e-cluster-key-0123456789"
 // testCluster is control replicas and nodes on one PostgreSQL database
 // and one bucket, each process with its own data directory.
 type testCluster struct {
-	t        *testing.T
-	env      []string
-	tplDir   string // a data directory holding the test template, copied to each member
-	controls []*server
-	nodes    []*server
-	token    string
+	t         *testing.T
+	env       []string
+	tplDir    string // a data directory holding the test template, copied to each member
+	controls  []*server
+	nodes     []*server
+	token     string
+	lostAfter string // --node-lost-after
 }
 
-// startCluster starts controls control replicas and nodes gvisor nodes.
-func startCluster(t *testing.T, controls, nodes int) *testCluster {
+// startCluster starts controls control replicas and nodes gvisor nodes;
+// a member silent for lostAfter is lost.
+func startCluster(t *testing.T, controls, nodes int, lostAfter time.Duration) *testCluster {
 	t.Helper()
 	requireGVisor(t)
 	_, bucket := s3test.Bucket(t)
-	c := &testCluster{t: t, env: append(s3test.Env(), "SPACE_STORE="+pgtest.URL(t), "SPACE_BLOB_STORE="+bucket, "SPACE_CLUSTER_KEY="+clusterKey)}
+	c := &testCluster{t: t, lostAfter: lostAfter.String(), env: append(s3test.Env(), "SPACE_STORE="+pgtest.URL(t), "SPACE_BLOB_STORE="+bucket, "SPACE_CLUSTER_KEY="+clusterKey)}
 	c.tplDir = t.TempDir()
 	if out, err := exec.Command(spaceBin, "template", "build", "test", "--data-dir", c.tplDir).CombinedOutput(); err != nil {
 		t.Fatalf("build test template: %v\n%s", err, out)
@@ -56,7 +63,7 @@ func (c *testCluster) start(role string) *server {
 	if out, err := exec.Command("cp", "-a", filepath.Join(c.tplDir, "templates"), dir).CombinedOutput(); err != nil {
 		c.t.Fatalf("copy templates: %v %s", err, out)
 	}
-	args := []string{"--role", role, "--runtime", "gvisor", "--build-seed=false", "--heartbeat", "200ms", "--node-lost-after", "3s",
+	args := []string{"--role", role, "--runtime", "gvisor", "--build-seed=false", "--heartbeat", "200ms", "--node-lost-after", c.lostAfter, "--memory-overcommit", "4", // (three nodes on one host)
 		"--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent"), "--node-name", fmt.Sprintf("%s-%d", role, len(c.controls)+len(c.nodes))}
 	if role == "node" {
 		c.t.Cleanup(func() { killGVisorLeftovers(dir) }) // after the node stopped
@@ -121,7 +128,7 @@ func nodeOf(t *testing.T, s *server, sbx string) string {
 // SIGKILLed fails its running sandboxes (node_lost) while its suspended one
 // wakes on another node with its processes and files.
 func TestCluster(t *testing.T) {
-	c := startCluster(t, 2, 3)
+	c := startCluster(t, 2, 3, 4*time.Second)
 	c1, c2 := c.controls[0], c.controls[1]
 	ctx := context.Background()
 
@@ -274,4 +281,124 @@ func readFileTrim(path string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-var _ = json.Marshal
+// TestClusterRollingRestart restarts both control replicas, one after the
+// other, while 200 clients each create a sandbox with an idempotency key
+// and retry it (on either replica) until they get an answer: exactly 200
+// sandboxes exist afterwards, every retry of a key answered with the same
+// sandbox, and every one runs.
+func TestClusterRollingRestart(t *testing.T) {
+	c := startCluster(t, 2, 3, 15*time.Second) // (200 gVisor boots load this host's 2 cores)
+	const n = 200
+	type answer struct {
+		sandbox, op string
+		tries       int
+	}
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			time.Sleep(time.Duration(i) * 25 * time.Millisecond) // 5 s of arrivals, across both restarts
+			key := fmt.Sprintf("roll-%d", i)
+			body := []byte(`{"template":"test:latest","metadata":{"batch":"roll"}}`)
+			last := ""
+			for try := 0; ; try++ {
+				s := c.controls[(i+try)%2]
+				req, _ := http.NewRequest("POST", s.url("/v1/sandboxes"), bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+c.token)
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Idempotency-Key", key)
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == 202 {
+						var out struct {
+							Sandbox   struct{ ID string } `json:"sandbox"`
+							Operation struct{ ID string } `json:"operation"`
+						}
+						json.Unmarshal(b, &out)
+						answers[i] = answer{out.Sandbox.ID, out.Operation.ID, try + 1}
+						return
+					}
+					last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+					if resp.StatusCode/100 == 4 && resp.StatusCode != 409 && resp.StatusCode != 429 {
+						t.Errorf("create %s = %d %s", key, resp.StatusCode, b)
+						return
+					}
+				}
+				if try > 600 {
+					t.Errorf("create %s: no answer after %d tries (last: %v %s)", key, try, err, last)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+	}
+	close(start)
+	// The rolling restart, while the creates come in.
+	for _, s := range c.controls {
+		time.Sleep(500 * time.Millisecond)
+		s.signal(syscall.SIGTERM)
+		s.start()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	retried := 0
+	seen := map[string]bool{}
+	for i, a := range answers {
+		if a.sandbox == "" || seen[a.sandbox] {
+			t.Fatalf("create %d answered %+v (duplicate or empty)", i, a)
+		}
+		seen[a.sandbox] = true
+		if a.tries > 1 {
+			retried++
+		}
+	}
+	// A retry of a key that was answered replays the same sandbox.
+	rep := c.controls[1].do("POST", "/v1/sandboxes", c.token, []byte(`{"template":"test:latest","metadata":{"batch":"roll"}}`), "Idempotency-Key: roll-7", "Content-Type: application/json")
+	var again struct {
+		Sandbox struct{ ID string } `json:"sandbox"`
+	}
+	rep.json(t, &again)
+	if again.Sandbox.ID != answers[7].sandbox || rep.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of an answered key = %d %s (first answer %s)", rep.status, rep.body, answers[7].sandbox)
+	}
+	ctx := context.Background()
+	for _, a := range answers {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		op, err := c.controls[0].client().WaitOperation(wctx, a.op)
+		cancel()
+		if err != nil || op.State != "succeeded" {
+			t.Fatalf("create %s: %+v %v", a.sandbox, op, err)
+		}
+	}
+	// Exactly n sandboxes of the batch, spread over the nodes.
+	count, perNode := 0, map[string]int{}
+	cursor := ""
+	for {
+		page, err := c.controls[0].client().ListSandboxes(ctx, "", client.ListOptions{Limit: 500, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range page.Items {
+			if sb.Metadata["batch"] == "roll" {
+				count++
+				perNode[sb.Node]++
+			}
+		}
+		if page.NextCursor == nil {
+			break
+		}
+		cursor = *page.NextCursor
+	}
+	if count != n {
+		t.Fatalf("%d sandboxes of the batch exist, want exactly %d", count, n)
+	}
+	t.Logf("%d creates across a rolling restart of both control replicas: %d retried at least once; per node %v", n, retried, perNode)
+}

@@ -33,6 +33,10 @@ type Store interface {
 // Config wires a member of a cluster.
 type Config struct {
 	Store Store
+	// Liveness, when set, is the store on a pool of its own that
+	// heartbeats and reads of the members use (default: Store), so that
+	// work filling Store's pool never makes a busy member look dead.
+	Liveness Store
 	// Self is this process as a member: a node's stable id, role,
 	// addresses and capacity, or a control replica.
 	Self store.Member
@@ -93,6 +97,9 @@ func New(cfg Config) (*Cluster, error) {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Timeout: 10 * time.Second}
 	}
+	if cfg.Liveness == nil {
+		cfg.Liveness = cfg.Store
+	}
 	return &Cluster{cfg: cfg, log: cfg.Logger, now: cfg.Now, members: map[string]store.Member{}, stop: make(chan struct{})}, nil
 }
 
@@ -133,7 +140,7 @@ func (c *Cluster) join(ctx context.Context) error {
 	if c.cfg.Templates != nil {
 		m.Templates = c.cfg.Templates()
 	}
-	rec, err := c.cfg.Store.JoinMember(ctx, &m)
+	rec, err := c.cfg.Liveness.JoinMember(ctx, &m)
 	if err != nil {
 		return fmt.Errorf("join the cluster as %s: %w", m.ID, err)
 	}
@@ -162,7 +169,7 @@ func (c *Cluster) beat() {
 			err = c.join(ctx)
 		} else {
 			var rec *store.Member
-			if rec, err = c.cfg.Store.HeartbeatMember(ctx, c.cfg.Self.ID, c.cfg.Self.BootID, c.now()); err == nil {
+			if rec, err = c.cfg.Liveness.HeartbeatMember(ctx, c.cfg.Self.ID, c.cfg.Self.BootID, c.now()); err == nil {
 				c.mu.Lock()
 				c.state = rec.State
 				c.mu.Unlock()
@@ -186,7 +193,7 @@ func (c *Cluster) beat() {
 
 // refresh reads every member.
 func (c *Cluster) refresh(ctx context.Context) error {
-	ms, err := c.cfg.Store.ListMembers(ctx, "")
+	ms, err := c.cfg.Liveness.ListMembers(ctx, "")
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ func (c *Cluster) sweepOnce(ctx context.Context, s Sweeper, all, prune, drain bo
 		return false
 	}
 	defer release()
-	lost, err := c.cfg.Store.MarkLostMembers(ctx, c.now().Add(-c.cfg.LostAfter))
+	lost, err := c.cfg.Liveness.MarkLostMembers(ctx, c.now().Add(-c.cfg.LostAfter))
 	if err != nil {
 		c.log.Warn("mark silent members lost", "err", err)
 		return false

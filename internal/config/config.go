@@ -116,6 +116,9 @@ type Serve struct {
 	// NodeLostAfter how long a node may be silent before it is lost.
 	Heartbeat     time.Duration
 	NodeLostAfter time.Duration
+	// MemoryOvercommit is how much sandbox memory a node offers per byte
+	// of its own (1: none; sandboxes rarely use all they may).
+	MemoryOvercommit float64
 }
 
 // The roles of `space serve`.
@@ -209,6 +212,11 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.NodeURL, "node-url", "", "where control replicas reach this node's API listener (default: from --api-addr)")
 	str(&s.ECWURL, "ecw-url", "", "where control replicas reach this node's E2B listener (default: from --ecw-addr)")
 	str(&s.NodeLabels, "node-labels", "", "this node's labels, like \"zone=a,disk=ssd\"")
+	ovc := 1.0
+	if v, ok := os.LookupEnv(EnvName("memory-overcommit")); ok {
+		fmt.Sscan(v, &ovc)
+	}
+	fs.Float64Var(&s.MemoryOvercommit, "memory-overcommit", ovc, "sandbox memory a node offers per byte of its own, for placement: 1 reserves every sandbox's whole limit; 2 places twice as much (env "+EnvName("memory-overcommit")+")")
 	dur(&s.Heartbeat, "heartbeat", time.Second, "how often a cluster member records that it is alive")
 	dur(&s.NodeLostAfter, "node-lost-after", 10*time.Second, "how long a cluster member may stay silent before it counts as lost (its running sandboxes fail with node_lost)")
 	str(&s.SandboxDomain, "sandbox-domain", "", "domain of sandbox port host names {port}-{id}.{domain} served by the data plane (default: localhost:<data-plane port>)")
@@ -265,6 +273,9 @@ func (s *Serve) Validate() error {
 		}
 	default:
 		errs = append(errs, fmt.Errorf("--role %q: want all, control or node", s.Role))
+	}
+	if s.MemoryOvercommit < 0.1 || s.MemoryOvercommit > 20 {
+		errs = append(errs, errors.New("--memory-overcommit must be between 0.1 and 20"))
 	}
 	if _, err := s.Labels(); err != nil {
 		errs = append(errs, err)

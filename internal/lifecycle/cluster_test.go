@@ -59,8 +59,8 @@ func (c *fakeCluster) Dispatch(node, opID string) {
 	}
 }
 func (c *fakeCluster) Claimed(node, id string) {}
-func (c *fakeCluster) Runtimes() []string     { return []string{"fake"} }
-func (c *fakeCluster) Ready() error           { return nil }
+func (c *fakeCluster) Runtimes() []string      { return []string{"fake"} }
+func (c *fakeCluster) Ready() error            { return nil }
 
 // A control engine with no runtime places creates on nodes, whose engines
 // run them (handed over, or found by a node's inbox when the hand-over was

@@ -95,6 +95,11 @@ type Config struct {
 	// InboxInterval is how often a cluster node looks for operations of
 	// its sandboxes that were not handed to it (default 1 s).
 	InboxInterval time.Duration
+	// MaxParallelOps bounds the operations this engine runs at once (0: no
+	// bound); the others wait, pending, for a turn. A node under a burst
+	// of creates then boots a few sandboxes at a time instead of starving
+	// every one (and its own heartbeat) of CPU.
+	MaxParallelOps int
 	// DefaultAutoLifecycle is the idle policy of sandboxes that name none.
 	DefaultAutoLifecycle sandbox.AutoLifecycle
 	// SuspendPausedAfter suspends sandboxes paused this long (0 = never).
@@ -152,6 +157,7 @@ type Engine struct {
 
 	activity *activity
 	poolKick chan struct{}
+	turns    chan struct{} // MaxParallelOps (nil: no bound)
 }
 
 // New returns an engine; it does nothing until Start.
@@ -186,6 +192,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.InboxInterval == 0 {
 		e.cfg.InboxInterval = time.Second
+	}
+	if cfg.MaxParallelOps > 0 {
+		e.turns = make(chan struct{}, cfg.MaxParallelOps)
 	}
 	for _, r := range cfg.Runtimes {
 		e.runtimes[r.Name()] = r

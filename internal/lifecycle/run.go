@@ -30,6 +30,14 @@ func (e *Engine) submit(op sandbox.Operation) {
 			delete(e.running, op.ID)
 			e.mu.Unlock()
 		}()
+		if e.turns != nil {
+			select {
+			case e.turns <- struct{}{}:
+				defer func() { <-e.turns }()
+			case <-e.life.Done():
+				return // resumed at the next start
+			}
+		}
 		e.execute(op)
 	}()
 }
@@ -45,6 +53,13 @@ func (e *Engine) execute(op sandbox.Operation) {
 	// is cancelled by a timeout; only engine shutdown stops them.
 	bk := context.WithoutCancel(e.life)
 
+	if e.cfg.Cluster != nil {
+		// Handed over by a control replica and found by the inbox too: the
+		// second turn finds it done.
+		if cur, err := e.store.GetOperation(bk, op.ID); err == nil && cur.State.Terminal() {
+			return
+		}
+	}
 	sb, err := e.store.GetSandbox(bk, op.SandboxID)
 	if err != nil {
 		log.Error("load sandbox for operation", "err", err)

@@ -66,7 +66,7 @@ func newMember(cfg *config.Serve, bootID string, rts []runtime.Runtime) (store.M
 		return m, err
 	}
 	m.ID, m.Role, m.Labels = id, store.RoleNode, labels
-	m.Capacity = store.Capacity{VCPUs: goruntime.NumCPU(), MemoryMiB: memTotalMiB(), DiskMiB: diskMiB(cfg.DataDir), MaxSandboxes: cfg.MaxSandboxes}
+	m.Capacity = store.Capacity{VCPUs: goruntime.NumCPU(), MemoryMiB: int(float64(memTotalMiB()) * cfg.MemoryOvercommit), DiskMiB: diskMiB(cfg.DataDir), MaxSandboxes: cfg.MaxSandboxes}
 	for _, rt := range rts {
 		m.Capacity.Runtimes = append(m.Capacity.Runtimes, rt.Name())
 		if rt.Name() == "vm" {

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/store/sqlstore"
 	"github.com/spacesandbox/space/internal/templates"
 	"github.com/spacesandbox/space/internal/usage"
 )
@@ -143,8 +145,16 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		if err != nil {
 			return err
 		}
-		clu, err = cluster.New(cluster.Config{Store: st, Self: self, Key: cfg.ClusterKey, Heartbeat: cfg.Heartbeat, LostAfter: cfg.NodeLostAfter,
-			Templates: cachedTemplates(h.TemplateStore), Logger: log})
+		ccfg := cluster.Config{Store: st, Self: self, Key: cfg.ClusterKey, Heartbeat: cfg.Heartbeat, LostAfter: cfg.NodeLostAfter,
+			Templates: cachedTemplates(h.TemplateStore), Logger: log}
+		if l, ok := st.(interface {
+			Liveness(context.Context) (*sqlstore.Store, error)
+		}); ok {
+			if ccfg.Liveness, err = l.Liveness(ctx); err != nil {
+				return err
+			}
+		}
+		clu, err = cluster.New(ccfg)
 		if err != nil {
 			return err
 		}
@@ -182,6 +192,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		DefaultAutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: cfg.IdleTimeout.String(), IdleAction: cfg.IdleAction},
 		SuspendPausedAfter:   cfg.SuspendPausedAfter,
 		Node:                 derefOr(nodeOf, ""),
+		MaxParallelOps:       parallelOps(cfg),
 		Cluster:              clusterOf(clu),
 	})
 	if err != nil {
@@ -374,6 +385,15 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	eng.Close()
 	log.Info("stopped")
 	return runErr
+}
+
+// parallelOps is how many operations a cluster node runs at once (a
+// single machine runs every one it is given at once, as before).
+func parallelOps(cfg *config.Serve) int {
+	if cfg.Role != config.RoleNode {
+		return 0
+	}
+	return max(8, 4*goruntime.NumCPU())
 }
 
 func derefOr(p *string, def string) string {

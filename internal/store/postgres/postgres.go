@@ -33,6 +33,8 @@ type Store struct {
 	stopKeep context.CancelFunc
 	keeping  sync.WaitGroup
 	relocks  atomic.Int64
+	cfg      *pgx.ConnConfig
+	live     *sqlstore.Store // (Liveness)
 }
 
 // IsURL says spec names a PostgreSQL database (postgres:// or
@@ -50,18 +52,11 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		// pgx's parse errors quote the URL; ours says only what is wrong.
 		return nil, errors.New("parse the PostgreSQL URL: it is not a valid postgres:// URL")
 	}
-	db := stdlib.OpenDB(*cfg)
-	db.SetMaxOpenConns(16)
-	db.SetMaxIdleConns(16)
-	db.SetConnMaxIdleTime(5 * time.Minute)
-	db.SetConnMaxLifetime(time.Hour)
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("connect to PostgreSQL at %s:%d/%s: %w", cfg.Host, cfg.Port, cfg.Database, err)
+	db, err := connect(ctx, cfg, 16)
+	if err != nil {
+		return nil, err
 	}
-	s := &Store{db: db}
+	s := &Store{db: db, cfg: cfg}
 	st, err := sqlstore.New(ctx, dialect, db, db, s.close)
 	if err != nil {
 		db.Close()
@@ -71,7 +66,46 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	return s, nil
 }
 
+// connect opens a pool of at most n connections and checks it answers.
+func connect(ctx context.Context, cfg *pgx.ConnConfig, n int) (*sql.DB, error) {
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	db.SetConnMaxLifetime(time.Hour)
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL at %s:%d/%s: %w", cfg.Host, cfg.Port, cfg.Database, err)
+	}
+	return db, nil
+}
+
+// Liveness is the same database on a small pool of its own, for a cluster
+// member's heartbeats: a process busy enough to use every connection of
+// its main pool still says in time that it is alive. Closed with s.
+func (s *Store) Liveness(ctx context.Context) (*sqlstore.Store, error) {
+	if s.live != nil {
+		return s.live, nil
+	}
+	db, err := connect(ctx, s.cfg, 3)
+	if err != nil {
+		return nil, err
+	}
+	live, err := sqlstore.New(ctx, dialect, db, db, db.Close)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.live = live
+	return live, nil
+}
+
 func (s *Store) close() error {
+	if s.live != nil {
+		s.live.Close()
+	}
 	if s.stopKeep != nil {
 		s.stopKeep()
 		s.keeping.Wait()
