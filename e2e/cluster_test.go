@@ -260,6 +260,57 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("the counting process did not carry on after the move: %d then %d", first, second)
 	}
 
+	// Drain: a live node's running sandboxes are suspended and wake on
+	// another node; the CLI shows the node draining.
+	var drained string
+	for n := range perNode {
+		if n != home {
+			drained = n
+			break
+		}
+	}
+	var onDrained []string
+	cursor := ""
+	for {
+		page, err := c1.client().ListSandboxes(ctx, "running", client.ListOptions{Limit: 500, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range page.Items {
+			if sb.Node == drained {
+				onDrained = append(onDrained, sb.ID)
+			}
+		}
+		if page.NextCursor == nil {
+			break
+		}
+		cursor = *page.NextCursor
+	}
+	if len(onDrained) == 0 {
+		t.Fatalf("node %s runs nothing to drain", drained)
+	}
+	if out, errOut, code := c1.runCLI("node", "drain", drained); code != 0 || !strings.Contains(out, "draining") {
+		t.Fatalf("space node drain = %d %q %q", code, out, errOut)
+	}
+	waitFor(t, "the drained node's sandboxes to be suspended", func() bool {
+		for _, sbx := range onDrained {
+			if sb, err := c2.client().GetSandbox(ctx, sbx); err != nil || sb.State != "suspended" {
+				return false
+			}
+		}
+		return true
+	})
+	if out, _, code := c2.runCLI("node", "list"); code != 0 || !strings.Contains(out, drained) || !strings.Contains(out, "draining") || !strings.Contains(out, "lost") {
+		t.Fatalf("space node list after a drain and a loss:\n%s", out)
+	}
+	c2.lifecycle(onDrained[0], "wake", "running")
+	if now := nodeOf(t, c2, onDrained[0]); now == drained || now == home {
+		t.Fatalf("a drained sandbox woke on %s (drained %s, lost %s)", now, drained, home)
+	}
+	if out, _, code := c1.runCLI("node", "uncordon", drained); code != 0 || !strings.Contains(out, "ready") {
+		t.Fatalf("space node uncordon: %q", out)
+	}
+
 	// The lost node comes back: it takes nothing of what was failed or
 	// moved, and is ready again.
 	homeSrv.start()
