@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"github.com/spacesandbox/space/internal/errdefs"
 	"context"
 	"errors"
 	"fmt"
@@ -51,4 +52,30 @@ func (t *Tokens) Bootstrap(ctx context.Context, dataDir string) (string, error) 
 		return "", fmt.Errorf("sync %s: %w", path, err)
 	}
 	return path, f.Close()
+}
+
+// AdminTokenEnv names the environment variable that may hold an admin token
+// chosen by the operator (a Kubernetes Secret, for replicas whose data
+// directories come and go). Only its hash is stored.
+const AdminTokenEnv = "SPACE_ADMIN_TOKEN"
+
+// EnsureToken makes value a valid token named name unless a token with
+// that value is recorded already (a revoked one stays revoked). It reports
+// whether it stored one.
+func (t *Tokens) EnsureToken(ctx context.Context, name, value string) (bool, error) {
+	if len(value) < 32 {
+		return false, errdefs.New(errdefs.InvalidArgument, "%s must be at least 32 characters", AdminTokenEnv)
+	}
+	if _, err := t.store.TokenByHash(ctx, Hash(value)); err == nil {
+		return false, nil
+	} else if !errors.Is(err, errdefs.NotFound) {
+		return false, err
+	}
+	if _, _, err := t.create(ctx, name, value); err != nil {
+		if _, again := t.store.TokenByHash(ctx, Hash(value)); again == nil {
+			return false, nil // another replica stored it meanwhile
+		}
+		return false, err
+	}
+	return true, nil
 }

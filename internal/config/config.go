@@ -119,6 +119,9 @@ type Serve struct {
 	// MemoryOvercommit is how much sandbox memory a node offers per byte
 	// of its own (1: none; sandboxes rarely use all they may).
 	MemoryOvercommit float64
+	// AllowPlainHTTP serves plain HTTP on addresses beyond loopback (behind
+	// a TLS-terminating proxy, or on a pod network that encrypts).
+	AllowPlainHTTP bool
 }
 
 // The roles of `space serve`.
@@ -183,6 +186,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.VMModules, "vm-modules", "/usr/local/lib/space/guest/modules", "the guest kernel's module tree")
 	str(&s.VMAccel, "vm-accel", "auto", "vm acceleration: auto (kvm where a probe guest boots, else tcg), kvm or tcg")
 	str(&s.AgentBin, "agent-bin", "", "static space-agent binary (default: beside the space binary, else from PATH)")
+	fs.BoolVar(&s.AllowPlainHTTP, "allow-plain-http", os.Getenv(EnvName("allow-plain-http")) == "true", "serve plain HTTP beyond loopback: only behind a TLS-terminating proxy or on a network that encrypts (tokens cross it in clear) (env "+EnvName("allow-plain-http")+")")
 	buildSeed := os.Getenv(EnvName("build-seed")) != "false"
 	fs.BoolVar(&s.BuildSeed, "build-seed", buildSeed, "build the seed:latest template on start when it is missing (env "+EnvName("build-seed")+")")
 	str(&s.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
@@ -322,8 +326,8 @@ func (s *Serve) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 			continue
 		}
-		if !loop && s.TLSCert == "" {
-			errs = append(errs, fmt.Errorf("%s %s is not a loopback address: plain HTTP is only allowed on loopback; give --tls-cert and --tls-key", name, addr))
+		if !loop && s.TLSCert == "" && !s.AllowPlainHTTP {
+			errs = append(errs, fmt.Errorf("%s %s is not a loopback address: plain HTTP is only allowed on loopback; give --tls-cert and --tls-key (or --allow-plain-http behind a TLS-terminating proxy)", name, addr))
 		}
 	}
 	if _, err := s.WarmPoolSizes(); err != nil {

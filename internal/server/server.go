@@ -114,6 +114,13 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 
 	tokens := auth.New(st)
+	if v := os.Getenv(auth.AdminTokenEnv); v != "" {
+		if made, err := tokens.EnsureToken(ctx, "admin ("+auth.AdminTokenEnv+")", strings.TrimSpace(v)); err != nil {
+			return fmt.Errorf("register the admin token of %s: %w", auth.AdminTokenEnv, err)
+		} else if made {
+			log.Info("registered the admin API token given in the environment", "env", auth.AdminTokenEnv)
+		}
+	}
 	if path, err := tokens.Bootstrap(ctx, cfg.DataDir); err != nil {
 		return fmt.Errorf("create first API token: %w", err)
 	} else if path != "" {
