@@ -391,5 +391,3 @@ func TestChartRefusesBadValues(t *testing.T) {
 		})
 	}
 }
-
-
