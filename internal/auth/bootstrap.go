@@ -1,10 +1,10 @@
 package auth
 
 import (
-	"github.com/spacesandbox/space/internal/errdefs"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/spacesandbox/space/internal/errdefs"
 	"os"
 	"path/filepath"
 )

@@ -67,6 +67,10 @@ type Cluster struct {
 	members map[string]store.Member // by id, refreshed every heartbeat
 	state   store.MemberState       // this member's state as recorded
 
+	loadMu  sync.Mutex // guards loadMap, loadAt (placement.go)
+	loadMap map[string]store.NodeLoad
+	loadAt  time.Time
+
 	// drain suspends what a draining node runs (set by RunSweeps).
 	drain func(ctx context.Context, node string) (int, error)
 
@@ -190,6 +194,10 @@ func (c *Cluster) beat() {
 		cancel()
 	}
 }
+
+// RefreshForTest reads the members now (tests that start members in one
+// process).
+func (c *Cluster) RefreshForTest(ctx context.Context) error { return c.refresh(ctx) }
 
 // refresh reads every member.
 func (c *Cluster) refresh(ctx context.Context) error {

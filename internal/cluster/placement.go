@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -18,7 +19,7 @@ import (
 // less loaded. Ties are broken at random, so creates arriving together
 // spread.
 func (c *Cluster) Place(ctx context.Context, need lifecycle.Need) (string, int, error) {
-	loads, err := c.cfg.Store.NodeLoads(ctx)
+	loads, err := c.loads(ctx)
 	if err != nil {
 		return "", 0, fmt.Errorf("read node loads: %w", err)
 	}
@@ -28,12 +29,43 @@ func (c *Cluster) Place(ctx context.Context, need lifecycle.Need) (string, int, 
 			live = append(live, n)
 		}
 	}
+	c.loadMu.Lock()
 	node, err := place(live, loads, need)
+	if err == nil {
+		// Counted at once, so the creates placed before the next read
+		// spread too. (The node's cap is enforced where the sandbox is
+		// recorded; these figures only steer.)
+		l := loads[node]
+		l.Sandboxes++
+		l.VCPUs += need.Resources.VCPUs
+		l.MemoryMiB += need.Resources.MemoryMiB
+		loads[node] = l
+	}
+	c.loadMu.Unlock()
 	if err != nil {
 		return "", 0, err
 	}
 	m, _ := c.member(node)
 	return node, m.Capacity.MaxSandboxes, nil
+}
+
+// loadsFor is how long summed node loads are used before they are read
+// again: placing a sandbox must not cost a scan of every sandbox.
+const loadsFor = 250 * time.Millisecond
+
+// loads returns the node loads, read again when older than loadsFor.
+func (c *Cluster) loads(ctx context.Context) (map[string]store.NodeLoad, error) {
+	c.loadMu.Lock()
+	defer c.loadMu.Unlock()
+	if c.loadMap != nil && time.Since(c.loadAt) < loadsFor {
+		return c.loadMap, nil
+	}
+	l, err := c.cfg.Store.NodeLoads(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.loadMap, c.loadAt = l, time.Now()
+	return l, nil
 }
 
 // place is the decision, over the live nodes and their loads.

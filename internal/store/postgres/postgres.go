@@ -252,7 +252,7 @@ var dialect = &sqlstore.Dialect{
 	MigrationLock: `SELECT pg_advisory_xact_lock(7355608)`,
 	ForUpdate:     " FOR UPDATE",
 	SkipLocked:    " FOR UPDATE SKIP LOCKED",
-	LimitLock:     `SELECT pg_advisory_xact_lock(7355609)`,
+	LimitLock:     `SELECT pg_advisory_xact_lock(7355609, hashtext(?))`, // per node
 	DigestExpr:    `(doc::jsonb #>> '{template,digest}')`,
 	JSONInt: func(path ...string) string {
 		return `COALESCE((doc::jsonb #>> '{` + strings.Join(path, ",") + `}')::bigint, 0)`

@@ -55,9 +55,9 @@ func checkActive(ctx context.Context, tx *tx, node string, maxActive, more int) 
 		return nil
 	}
 	if tx.d.LimitLock != "" {
-		// Admissions against the limit one at a time: the count below then
-		// sees every sandbox admitted before this one.
-		if _, err := tx.ExecContext(ctx, tx.d.LimitLock); err != nil {
+		// Admissions to a node against its limit one at a time: the count
+		// below then sees every sandbox admitted there before this one.
+		if _, err := tx.ExecContext(ctx, tx.d.LimitLock, node); err != nil {
 			return fmt.Errorf("lock the active-sandbox count: %w", err)
 		}
 	}

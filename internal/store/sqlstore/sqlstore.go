@@ -46,7 +46,8 @@ type Dialect struct {
 	TxOptions *sql.TxOptions
 	// ForUpdate locks the rows a read in a write transaction returns
 	// (" FOR UPDATE"); SkipLocked picks a row no other transaction holds
-	// (" FOR UPDATE SKIP LOCKED", warm-pool claims); LimitLock runs before
+	// (" FOR UPDATE SKIP LOCKED", warm-pool claims); LimitLock (with the
+	// node as its one argument) runs before
 	// the active-sandbox count of a create. Empty for a single writer.
 	ForUpdate, SkipLocked, LimitLock string
 	// DigestExpr extracts the template digest from a doc column; JSONInt
