@@ -46,8 +46,12 @@ func startCluster(t *testing.T, controls, nodes int, lostAfter time.Duration) *t
 	if out, err := exec.Command(spaceBin, "template", "build", "test", "--data-dir", c.tplDir).CombinedOutput(); err != nil {
 		t.Fatalf("build test template: %v\n%s", err, out)
 	}
-	for range controls {
-		c.controls = append(c.controls, c.start("control"))
+	for i := range controls {
+		var extra []string
+		if i == 1 {
+			extra = []string{"--proxy-data-plane"} // the second replica's clients reach no node
+		}
+		c.controls = append(c.controls, c.start("control", extra...))
 	}
 	for range nodes {
 		c.nodes = append(c.nodes, c.start("node"))
@@ -57,7 +61,7 @@ func startCluster(t *testing.T, controls, nodes int, lostAfter time.Duration) *t
 }
 
 // start starts one member of role; the first one makes the API token.
-func (c *testCluster) start(role string) *server {
+func (c *testCluster) start(role string, extra ...string) *server {
 	c.t.Helper()
 	dir := c.t.TempDir()
 	if out, err := exec.Command("cp", "-a", filepath.Join(c.tplDir, "templates"), dir).CombinedOutput(); err != nil {
@@ -65,6 +69,7 @@ func (c *testCluster) start(role string) *server {
 	}
 	args := []string{"--role", role, "--runtime", "gvisor", "--build-seed=false", "--heartbeat", "200ms", "--node-lost-after", c.lostAfter, "--memory-overcommit", "4", // (three nodes on one host)
 		"--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent"), "--node-name", fmt.Sprintf("%s-%d", role, len(c.controls)+len(c.nodes))}
+	args = append(args, extra...)
 	if role == "node" {
 		c.t.Cleanup(func() { killGVisorLeftovers(dir) }) // after the node stopped
 	}
@@ -159,9 +164,14 @@ func TestCluster(t *testing.T) {
 		if rep := r.do("GET", "/v1/sandboxes/"+sbx+"/files?path=/root/hello.txt", c.token, nil); rep.status != 200 || string(rep.body) != "hello "+sbx {
 			t.Fatalf("read through the other replica = %d %q", rep.status, rep.body)
 		}
-		tr, _ := r.runCommand(sbx, map[string]any{"command": []string{"cat", "/root/hello.txt"}})
+		tr, sess := r.runCommand(sbx, map[string]any{"command": []string{"cat", "/root/hello.txt"}})
 		if string(tr.stdout) != "hello "+sbx {
 			t.Fatalf("command through a replica = %q %v", tr.stdout, tr.events)
+		}
+		// The proxying replica's sessions attach through its own data
+		// plane; the other's through the node's.
+		if through := strings.Contains(sess.Attach.URL, c2.dpAddr); through != (r == c2) {
+			t.Fatalf("attach URL %s through replica %s (proxying replica's data plane %s)", sess.Attach.URL, r.apiAddr, c2.dpAddr)
 		}
 	}
 

@@ -316,6 +316,9 @@ func TestChartDefaults(t *testing.T) {
 			t.Errorf("admin token %q", v)
 		}
 	}
+	if args := o.deployments[0].Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--proxy-data-plane") || !slices.Contains(args, "--data-plane-url=http://prod-space.sandboxes.svc:8090") {
+		t.Errorf("control args do not proxy the data plane through the Service: %v", args)
+	}
 	env := map[string]corev1.EnvVar{}
 	for _, e := range o.deployments[0].Spec.Template.Spec.Containers[0].Env {
 		env[e.Name] = e

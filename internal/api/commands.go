@@ -24,7 +24,13 @@ func (s *Server) createCommand(w http.ResponseWriter, r *http.Request, p params)
 		if err != nil {
 			return response{}, err
 		}
-		sess, err := s.commands.Create(r.Context(), id, req)
+		ctx := r.Context()
+		if s.attachBase != nil {
+			if u := s.attachBase(r); u != "" {
+				ctx = commands.WithDataPlaneURL(ctx, u)
+			}
+		}
+		sess, err := s.commands.Create(ctx, id, req)
 		if err != nil {
 			return response{}, err
 		}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"context"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/ingress"
 	"github.com/spacesandbox/space/internal/metrics"
+	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
 )
 
@@ -29,6 +31,9 @@ type DataPlane struct {
 	edge    *edge.Edge
 	ingress *ingress.Proxy
 	tokens  *auth.Tokens
+	// forwarder and sandbox: see DataPlaneConfig.
+	forwarder Forwarder
+	sandbox   func(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	// Keepalive is the longest silence on a stream (api.md: ≤ 15 s).
 	Keepalive time.Duration
 }
@@ -44,6 +49,11 @@ type DataPlaneConfig struct {
 	Ingress *ingress.Proxy
 	// Tokens, when set, ends attachment tokens whose API token is revoked.
 	Tokens *auth.Tokens
+	// Forwarder and Sandbox, on a cluster's control replica that proxies
+	// the data plane, send a session's or a port's requests to the data
+	// plane of the node that runs the sandbox.
+	Forwarder Forwarder
+	Sandbox   func(ctx context.Context, id string) (*sandbox.Sandbox, error)
 }
 
 // NewDataPlane builds the data-plane handler.
@@ -51,8 +61,29 @@ func NewDataPlane(cfg DataPlaneConfig) *DataPlane {
 	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: newIdempotency(cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
 	d.router = newRouter(d.Routes())
 	d.edge = &edge.Edge{Listener: "data", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}
-	d.ingress, d.tokens = cfg.Ingress, cfg.Tokens
+	d.ingress, d.tokens, d.forwarder, d.sandbox = cfg.Ingress, cfg.Tokens, cfg.Forwarder, cfg.Sandbox
 	return d
+}
+
+// forward serves an authenticated session request by the data plane of
+// the node that runs its sandbox, when that is another process.
+func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, _ *Route, p params) bool {
+	return d.forwardSandbox(w, r, p["sandbox_id"])
+}
+
+func (d *DataPlane) forwardSandbox(w http.ResponseWriter, r *http.Request, id string) bool {
+	if d.forwarder == nil || d.sandbox == nil || !ids.Valid(ids.Sandbox, id) {
+		return false
+	}
+	sb, err := d.sandbox(r.Context(), id)
+	if err != nil {
+		return false
+	}
+	if d.forwarder.Forward(w, r, sb.Node) {
+		httpguard.Exempt(r.Context()) // (a stream, once it flows)
+		return true
+	}
+	return false
 }
 
 // Routes is the data plane's route table.
@@ -70,7 +101,9 @@ func (d *DataPlane) Routes() []Route {
 func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if d.ingress != nil {
 		if id, port, path, ok := d.ingress.Match(r); ok {
-			d.ingress.Serve(w, r, id, port, path)
+			if !d.forwardSandbox(w, r, id) {
+				d.ingress.Serve(w, r, id, port, path)
+			}
 			return
 		}
 	}
@@ -78,7 +111,7 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		edge.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
-	serve(d.edge, d.router, w, r, nil, func(r *http.Request, p params) (*http.Request, error) {
+	serve(d.edge, d.router, w, r, d.forward, func(r *http.Request, p params) (*http.Request, error) {
 		sid := p["session_id"]
 		if !ids.Valid(ids.Process, sid) {
 			return nil, errdefs.New(errdefs.NotFound, "no such session")

@@ -53,6 +53,9 @@ type Config struct {
 	OwnerAlive func(ctx context.Context, owner string) bool
 	// Nodes, in a cluster, lists and cordons or drains nodes.
 	Nodes Nodes
+	// AttachBase, in a cluster, says which data plane a forwarded request
+	// wants its sessions' attach URLs to name ("": this server's own).
+	AttachBase func(*http.Request) string
 }
 
 // Forwarder sends a request to the node that runs a sandbox
@@ -109,27 +112,28 @@ type TemplateLister interface {
 
 // Server is the control-plane HTTP handler.
 type Server struct {
-	engine    Engine
-	commands  *commands.Service
-	store     Store
-	tokens    *auth.Tokens
-	metrics   *metrics.Metrics
-	log       *slog.Logger
-	idem      *idempotency
-	router    *router
-	edge      *edge.Edge
-	templates TemplateLister
-	builder   TemplateBuilder
-	dataDir   string
-	usage     Usage
-	forwarder Forwarder
-	nodes     Nodes
+	engine     Engine
+	commands   *commands.Service
+	store      Store
+	tokens     *auth.Tokens
+	metrics    *metrics.Metrics
+	log        *slog.Logger
+	idem       *idempotency
+	router     *router
+	edge       *edge.Edge
+	templates  TemplateLister
+	builder    TemplateBuilder
+	dataDir    string
+	usage      Usage
+	forwarder  Forwarder
+	nodes      Nodes
+	attachBase func(*http.Request) string
 }
 
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
-		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage, forwarder: cfg.Forwarder, nodes: cfg.Nodes}
+		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage, forwarder: cfg.Forwarder, nodes: cfg.Nodes, attachBase: cfg.AttachBase}
 	s.idem.alive = cfg.OwnerAlive
 	s.router = newRouter(s.Routes())
 	s.edge = &edge.Edge{Listener: "api", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}

@@ -19,6 +19,9 @@ const ForwardedHeader = "X-Space-Forwarded"
 type Forwarder struct {
 	c    *Cluster
 	addr func(store.Member) string
+	// DataPlaneURL, when set, asks the node to name this data plane in the
+	// attach URLs of sessions it creates (--proxy-data-plane).
+	DataPlaneURL string
 	// Render writes an error in the listener's format.
 	Render func(w http.ResponseWriter, r *http.Request, err error)
 }
@@ -29,9 +32,27 @@ func (c *Cluster) APIForwarder() *Forwarder {
 	return &Forwarder{c: c, addr: func(m store.Member) string { return m.URL }}
 }
 
+// DataPlaneForwarder forwards to nodes' data planes.
+func (c *Cluster) DataPlaneForwarder() *Forwarder {
+	return &Forwarder{c: c, addr: func(m store.Member) string { return m.DataPlaneURL }}
+}
+
 // ECWForwarder forwards to nodes' E2B listeners.
 func (c *Cluster) ECWForwarder() *Forwarder {
 	return &Forwarder{c: c, addr: func(m store.Member) string { return m.ECWURL }}
+}
+
+// DataPlaneHeader carries the data plane a forwarded request's sessions
+// are to be attached through.
+const DataPlaneHeader = "X-Space-Data-Plane-URL"
+
+// AttachBase is the data plane a request forwarded by a member asks its
+// sessions to name ("" for one that is not from a member).
+func (c *Cluster) AttachBase(r *http.Request) string {
+	if !c.Authorized(r) {
+		return ""
+	}
+	return r.Header.Get(DataPlaneHeader)
 }
 
 // Forward serves r by node and reports true, or reports false when node
@@ -56,6 +77,13 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, node string)
 			pr.Out.Host = pr.In.Host // (E2B routes by host name)
 			pr.SetXForwarded()
 			pr.Out.Header.Set(ForwardedHeader, f.c.cfg.Self.ID)
+			// The member's word, which the node trusts: a client's own
+			// headers of these names never pass.
+			pr.Out.Header.Set(KeyHeader, f.c.cfg.Key)
+			pr.Out.Header.Del(DataPlaneHeader)
+			if f.DataPlaneURL != "" {
+				pr.Out.Header.Set(DataPlaneHeader, f.DataPlaneURL)
+			}
 		},
 		FlushInterval: -1, // streams (Connect, SSE) go out as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -229,9 +229,21 @@ func (s *Service) Create(ctx context.Context, sandboxID string, req CreateReques
 	exp := time.Now().Add(s.cfg.TokenTTL).UTC().Truncate(time.Second)
 	tok := s.cfg.Signer.Issue(auth.Claims{Session: spec.ID, Sandbox: sandboxID, Expires: exp.Unix(), Token: auth.TokenID(ctx)})
 	s.log.Info("command session created", "sandbox_id", sandboxID, "process_id", spec.ID)
+	base := s.cfg.DataPlaneURL
+	if u, ok := ctx.Value(dataPlaneKey{}).(string); ok && u != "" {
+		base = u
+	}
 	return &Session{SessionID: spec.ID, ProcessID: spec.ID, Attach: Attach{
-		URL: strings.TrimRight(s.cfg.DataPlaneURL, "/") + "/v1/sessions/" + spec.ID + "/events", Token: tok, ExpiresAt: exp,
+		URL: strings.TrimRight(base, "/") + "/v1/sessions/" + spec.ID + "/events", Token: tok, ExpiresAt: exp,
 	}}, nil
+}
+
+type dataPlaneKey struct{}
+
+// WithDataPlaneURL makes the sessions created under ctx name url as their
+// data plane (a cluster's control replica that proxies the data plane).
+func WithDataPlaneURL(ctx context.Context, url string) context.Context {
+	return context.WithValue(ctx, dataPlaneKey{}, url)
 }
 
 // Get returns one process. A session not yet attached is NotFound.

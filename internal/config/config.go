@@ -122,6 +122,10 @@ type Serve struct {
 	// AllowPlainHTTP serves plain HTTP on addresses beyond loopback (behind
 	// a TLS-terminating proxy, or on a pod network that encrypts).
 	AllowPlainHTTP bool
+	// ProxyDataPlane, on a control replica, makes attach URLs name its own
+	// data plane, which forwards each stream to the node (for clients
+	// that cannot reach nodes).
+	ProxyDataPlane bool
 }
 
 // The roles of `space serve`.
@@ -187,6 +191,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.VMAccel, "vm-accel", "auto", "vm acceleration: auto (kvm where a probe guest boots, else tcg), kvm or tcg")
 	str(&s.AgentBin, "agent-bin", "", "static space-agent binary (default: beside the space binary, else from PATH)")
 	fs.BoolVar(&s.AllowPlainHTTP, "allow-plain-http", os.Getenv(EnvName("allow-plain-http")) == "true", "serve plain HTTP beyond loopback: only behind a TLS-terminating proxy or on a network that encrypts (tokens cross it in clear) (env "+EnvName("allow-plain-http")+")")
+	fs.BoolVar(&s.ProxyDataPlane, "proxy-data-plane", os.Getenv(EnvName("proxy-data-plane")) == "true", "control role: attach URLs name this replica's data plane (--data-plane-url), which forwards each command stream to its node — for clients that cannot reach the nodes (env "+EnvName("proxy-data-plane")+")")
 	buildSeed := os.Getenv(EnvName("build-seed")) != "false"
 	fs.BoolVar(&s.BuildSeed, "build-seed", buildSeed, "build the seed:latest template on start when it is missing (env "+EnvName("build-seed")+")")
 	str(&s.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, else json), text or json")
@@ -277,6 +282,9 @@ func (s *Serve) Validate() error {
 		}
 	default:
 		errs = append(errs, fmt.Errorf("--role %q: want all, control or node", s.Role))
+	}
+	if s.ProxyDataPlane && s.Role != RoleControl {
+		errs = append(errs, errors.New("--proxy-data-plane is for --role control"))
 	}
 	if s.MemoryOvercommit < 0.1 || s.MemoryOvercommit > 20 {
 		errs = append(errs, errors.New("--memory-overcommit must be between 0.1 and 20"))

@@ -281,13 +281,20 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID, DataDir: cfg.DataDir, Usage: sampler}
 	if clu != nil {
-		acfg.Forwarder, acfg.OwnerAlive, acfg.Nodes = clu.APIForwarder(), clu.OwnerAlive, clu
+		fwd := clu.APIForwarder()
+		if cfg.ProxyDataPlane {
+			fwd.DataPlaneURL = dataURL
+		}
+		acfg.Forwarder, acfg.OwnerAlive, acfg.Nodes, acfg.AttachBase = fwd, clu.OwnerAlive, clu, clu.AttachBase
 	}
 	if h.TemplateStore != nil {
 		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}
 	apiSrv := api.New(acfg)
 	dcfg := api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID, Tokens: tokens}
+	if clu != nil {
+		dcfg.Forwarder, dcfg.Sandbox = clu.DataPlaneForwarder(), eng.Get
+	}
 	var ing *ingress.Proxy
 	if netMgr != nil {
 		dom := cfg.SandboxDomain
