@@ -50,6 +50,10 @@ type Config struct {
 	// Templates, on a node, lists the template digests it has cached
 	// (placement prefers such nodes).
 	Templates func() []string
+	// OnLost, on a node, runs when the node learns the cluster took it for
+	// lost while it was running (a partition, a stall): its sandboxes that
+	// were failed meanwhile must not run on.
+	OnLost    func()
 	Logger    *slog.Logger
 	Now       func() time.Time
 	// Client makes the cluster's own HTTP calls (default: 10 s timeout).
@@ -179,7 +183,9 @@ func (c *Cluster) beat() {
 				c.mu.Unlock()
 				if rec.State == store.MemberLost {
 					c.log.Warn("the cluster marked this member lost; joining again", "member_id", c.cfg.Self.ID)
-					err = c.join(ctx)
+					if err = c.join(ctx); err == nil && c.cfg.OnLost != nil {
+						c.cfg.OnLost()
+					}
 				}
 			} else if errors.Is(err, errdefs.NotFound) {
 				err = c.join(ctx) // (a control replica's record was removed)

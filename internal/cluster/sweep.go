@@ -23,6 +23,9 @@ type Sweeper struct {
 	DrainNode func(ctx context.Context, node string) (int, error)
 	// Idempotency is pruned of the reservations of processes that are gone.
 	Idempotency store.Idempotency
+	// FailOrphanBuilds fails template builds whose replica is gone
+	// (lifecycle.Engine.FailOrphanBuilds).
+	FailOrphanBuilds func(ctx context.Context) (int, error)
 }
 
 // RunSweeps runs the cluster's sweeps until Close, each only while this
@@ -111,6 +114,11 @@ func (c *Cluster) sweepOnce(ctx context.Context, s Sweeper, all, prune, drain bo
 					c.log.Warn("drain node", "node", n.ID, "err", err)
 				}
 			}
+		}
+	}
+	if prune && s.FailOrphanBuilds != nil {
+		if n, err := s.FailOrphanBuilds(ctx); err == nil && n > 0 {
+			c.log.Warn("failed template builds whose control replica is gone", "count", n)
 		}
 	}
 	if prune && s.Idempotency != nil {

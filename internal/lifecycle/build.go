@@ -39,6 +39,24 @@ func (e *Engine) StartBuild(ctx context.Context, ref string, render Render, buil
 			log.Error("mark build running", "err", err)
 			return
 		}
+		if e.cfg.Cluster != nil {
+			// Other replicas take a build whose record stops changing for
+			// one its replica died with (FailOrphanBuilds).
+			stop := make(chan struct{})
+			defer close(stop)
+			go func() {
+				t := time.NewTicker(buildBeat)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+						e.store.UpdateOperationState(bk, op.ID, sandbox.OpRunning, e.now())
+					}
+				}
+			}()
+		}
 		err := build(e.life)
 		if e.life.Err() != nil {
 			log.Info("build interrupted by shutdown; it is failed at next start")
@@ -63,6 +81,32 @@ func buildError(err error) *sandbox.ErrorInfo {
 		return &sandbox.ErrorInfo{Code: kerr.Kind.Code, Message: kerr.Error()}
 	}
 	return &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: err.Error()}
+}
+
+// buildBeat is how often a cluster replica's build says it still runs;
+// OrphanBuildAfter is how long a build may not say so before another
+// replica fails it.
+const (
+	buildBeat        = 10 * time.Second
+	OrphanBuildAfter = 6 * buildBeat
+)
+
+// FailOrphanBuilds fails the builds whose replica stopped running them (its
+// record has not changed for OrphanBuildAfter): in a cluster, no start of
+// the same process comes to fail them.
+func (e *Engine) FailOrphanBuilds(ctx context.Context) (int, error) {
+	ops, err := e.store.UnfinishedOperations(ctx, "")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, op := range ops {
+		if op.Kind == sandbox.OpBuild && e.now().Sub(op.UpdatedAt) > OrphanBuildAfter {
+			e.failInterruptedBuild(ctx, op)
+			n++
+		}
+	}
+	return n, nil
 }
 
 // failInterruptedBuild ends a build a previous process left in flight.

@@ -157,6 +157,17 @@ func (e *Engine) runInbox(every time.Duration) {
 	}
 }
 
+// ReleaseLost is releaseLost for a node that learns, while it runs, that
+// the cluster took it for lost; it runs in the background.
+func (e *Engine) ReleaseLost() {
+	e.loops.Add(1)
+	go func() {
+		defer e.loops.Done()
+		e.releaseLost(e.life)
+		e.pruneNetworks(e.life)
+	}()
+}
+
 // releaseLost removes from this node what is left of its sandboxes that the
 // cluster failed as node_lost while the node was gone (their processes may
 // have outlived the node's server), and the local copies of suspended

@@ -173,3 +173,55 @@ func TestClusterEngines(t *testing.T) {
 		t.Fatalf("deleted sandbox of a lost node: %+v", sb)
 	}
 }
+
+// A build whose control replica died is failed by another replica once its
+// record stops changing; a live one is left alone.
+func TestOrphanBuildsFailInACluster(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var mu sync.Mutex
+	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	clu := &fakeCluster{nodes: map[string]*lifecycle.Engine{}, dead: map[string]bool{}}
+	newEngine := func() *lifecycle.Engine {
+		e, err := lifecycle.New(lifecycle.Config{Store: st, Templates: fakeruntime.Templates{}, SnapshotRoot: dir, Cluster: clu, Now: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		return e
+	}
+	builder, other := newEngine(), newEngine()
+	release := make(chan struct{})
+	defer close(release)
+	op, err := builder.StartBuild(context.Background(), "mine:v1", nil, func(ctx context.Context) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // (it is marked running)
+	if n, _ := other.FailOrphanBuilds(context.Background()); n != 0 {
+		t.Fatalf("a running build was failed (%d)", n)
+	}
+	mu.Lock()
+	now = now.Add(lifecycle.OrphanBuildAfter + time.Second)
+	mu.Unlock()
+	if n, err := other.FailOrphanBuilds(context.Background()); err != nil || n != 1 {
+		t.Fatalf("orphan builds failed = %d, %v", n, err)
+	}
+	if got, _ := other.Operation(context.Background(), op.ID); got.State != sandbox.OpFailed || got.Error == nil {
+		t.Fatalf("orphan build: %+v", got)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	goruntime "runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spacesandbox/space/internal/api"
@@ -146,6 +147,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		h.TemplateStore.SetRemote(&templates.Remote{Mirror: bs, CacheBytes: int64(cfg.TemplateCacheMiB) << 20, InUse: st.TemplatesInUse, Log: log})
 	}
 	var clu *cluster.Cluster
+	var running atomic.Pointer[lifecycle.Engine] // (for the cluster's OnLost, once the engine runs)
 	var nodeOf *string // the node whose sandboxes this process runs (nil: all)
 	if cfg.Clustered() {
 		self, err := newMember(cfg, bootID, h.Runtimes)
@@ -159,6 +161,11 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		}); ok {
 			if ccfg.Liveness, err = l.Liveness(ctx); err != nil {
 				return err
+			}
+		}
+		ccfg.OnLost = func() {
+			if e := running.Load(); e != nil {
+				e.ReleaseLost()
 			}
 		}
 		clu, err = cluster.New(ccfg)
@@ -206,6 +213,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		return err
 	}
 	defer eng.Close()
+	running.Store(eng)
 	if err := eng.Start(ctx); err != nil {
 		return fmt.Errorf("start lifecycle engine: %w", err)
 	}
@@ -350,7 +358,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		defer clu.Close()
 		if cfg.Role == config.RoleControl {
 			if locker, ok := st.(cluster.Locker); ok {
-				clu.RunSweeps(cluster.Sweeper{Lock: locker, FailNode: eng.FailLostNode, DrainNode: eng.DrainNode, Idempotency: st})
+				clu.RunSweeps(cluster.Sweeper{Lock: locker, FailNode: eng.FailLostNode, DrainNode: eng.DrainNode, Idempotency: st, FailOrphanBuilds: eng.FailOrphanBuilds})
 			}
 		}
 	}
