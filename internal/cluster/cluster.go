@@ -53,9 +53,9 @@ type Config struct {
 	// OnLost, on a node, runs when the node learns the cluster took it for
 	// lost while it was running (a partition, a stall): its sandboxes that
 	// were failed meanwhile must not run on.
-	OnLost    func()
-	Logger    *slog.Logger
-	Now       func() time.Time
+	OnLost func()
+	Logger *slog.Logger
+	Now    func() time.Time
 	// Client makes the cluster's own HTTP calls (default: 10 s timeout).
 	Client *http.Client
 }

@@ -148,7 +148,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	var clu *cluster.Cluster
 	var running atomic.Pointer[lifecycle.Engine] // (for the cluster's OnLost, once the engine runs)
-	var nodeOf *string // the node whose sandboxes this process runs (nil: all)
+	var nodeOf *string                           // the node whose sandboxes this process runs (nil: all)
 	if cfg.Clustered() {
 		self, err := newMember(cfg, bootID, h.Runtimes)
 		if err != nil {
