@@ -232,6 +232,15 @@ func TestCluster(t *testing.T) {
 			stayed = append(stayed, sbx)
 		}
 	}
+	// One of them was suspended once and woken since: its snapshot stays
+	// in the bucket, and a wake after the loss restores it.
+	restore := stayed[0]
+	c1.do("PUT", "/v1/sandboxes/"+restore+"/files?path=/root/saved.txt", c.token, []byte("saved before the loss"))
+	c1.lifecycle(restore, "suspend", "suspended")
+	c1.lifecycle(restore, "wake", "running")
+	if n := nodeOf(t, c1, restore); n != home {
+		t.Fatalf("a sandbox woke on %s while its node %s was fine", n, home)
+	}
 	homeSrv.kill()
 	waitFor(t, "the killed node's running sandboxes to fail", func() bool {
 		for _, sbx := range stayed {
@@ -250,6 +259,13 @@ func TestCluster(t *testing.T) {
 	}
 	if sb, _ := c2.client().GetSandbox(ctx, moving); sb.State != "suspended" {
 		t.Fatalf("the suspended sandbox of a lost node is %s", sb.State)
+	}
+	if sb, _ := c2.client().GetSandbox(ctx, restore); !strings.Contains(sb.Error.Message, "wake it to restore") {
+		t.Fatalf("a lost sandbox with a stored snapshot does not say it can be restored: %+v", sb.Error)
+	}
+	c2.lifecycle(restore, "wake", "running")
+	if rep := c2.do("GET", "/v1/sandboxes/"+restore+"/files?path=/root/saved.txt", c.token, nil); rep.status != 200 || string(rep.body) != "saved before the loss" || nodeOf(t, c2, restore) == home {
+		t.Fatalf("restored from the bucket after the loss: %d %q on %s", rep.status, rep.body, nodeOf(t, c2, restore))
 	}
 	c2.lifecycle(moving, "wake", "running")
 	if now := nodeOf(t, c2, moving); now == home || now == "" {

@@ -246,6 +246,18 @@ func (s *S3) Get(ctx context.Context, key, dir string) (int64, error) {
 	return n, nil
 }
 
+// Has says whether key has a complete snapshot stored (its manifest).
+func (s *S3) Has(ctx context.Context, key string) (bool, error) {
+	_, err := s.manifest(ctx, key)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, errdefs.NotFound):
+		return false, nil
+	}
+	return false, err
+}
+
 func (s *S3) manifest(ctx context.Context, key string) (*Manifest, error) {
 	b, err := s.readSmall(ctx, s.dir(key)+manifestName)
 	switch {

@@ -34,6 +34,8 @@ type Archive interface {
 	Prune(ctx context.Context, key string) error
 	// Keys lists the keys that have anything stored.
 	Keys(ctx context.Context) ([]string, error)
+	// Has says whether key has a complete snapshot stored.
+	Has(ctx context.Context, key string) (bool, error)
 }
 
 // ArchiveObserver is told of every snapshot stored in or fetched from the

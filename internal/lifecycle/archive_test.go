@@ -51,6 +51,12 @@ func (a *fakeArchive) Get(_ context.Context, key, _ string) (int64, error) {
 	return 1, nil
 }
 
+func (a *fakeArchive) Has(_ context.Context, key string) (bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stored[key], nil
+}
+
 func (a *fakeArchive) Delete(_ context.Context, key string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()

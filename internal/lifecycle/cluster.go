@@ -88,7 +88,7 @@ func (e *Engine) rehome(ctx context.Context, kind sandbox.OpKind, id string) str
 		if err == nil {
 			return node
 		}
-	case kind == sandbox.OpWake && sb.State == sandbox.Suspended && e.archived(sb):
+	case kind == sandbox.OpWake && ((sb.State == sandbox.Suspended && e.archived(sb)) || e.restorable(ctx, sb)):
 		// Its snapshot is in the blob store: it wakes on any node that fits,
 		// its own first.
 		node, _, err := c.Place(ctx, Need{Runtime: sb.Runtime, Resources: sb.Resources, Template: sb.Template.Digest, Prefer: sb.Node})
@@ -98,6 +98,16 @@ func (e *Engine) rehome(ctx context.Context, kind sandbox.OpKind, id string) str
 		}
 	}
 	return ""
+}
+
+// restorable says a sandbox failed with its node can be woken from the
+// last snapshot its suspend stored in the blob store.
+func (e *Engine) restorable(ctx context.Context, sb *sandbox.Sandbox) bool {
+	if e.cfg.Archive == nil || sb.State != sandbox.Failed || sb.Error == nil || sb.Error.Code != NodeLost {
+		return false
+	}
+	ok, err := e.cfg.Archive.Has(ctx, sb.ID)
+	return err == nil && ok
 }
 
 // dispatch runs op here when this engine runs its sandbox's node, and
@@ -246,6 +256,9 @@ func (e *Engine) Claimed(ctx context.Context, id string) error {
 // there. It is idempotent: a sweep interrupted halfway is run again.
 func (e *Engine) FailLostNode(ctx context.Context, node string) (int, error) {
 	lost := &sandbox.ErrorInfo{Code: NodeLost, Message: "the node that ran this sandbox (" + node + ") stopped answering"}
+	// One that was suspended before keeps that snapshot in the blob store:
+	// a wake restores it (on another node), losing what it did since.
+	restorable := &sandbox.ErrorInfo{Code: NodeLost, Message: lost.Message + "; its last suspend snapshot is kept: wake it to restore that state (what it did since is lost)"}
 	n := 0
 	var sbs []sandbox.Sandbox
 	err := store.EachSandboxOn(ctx, e.store, &node, "", func(sb *sandbox.Sandbox) {
@@ -293,6 +306,11 @@ func (e *Engine) FailLostNode(ctx context.Context, node string) (int, error) {
 				return errdefs.New(errdefs.Conflict, "sandbox changed meanwhile")
 			}
 			cur.State, cur.Error, cur.UpdatedAt = sandbox.Failed, lost, e.now()
+			if e.cfg.Archive != nil {
+				if ok, err := e.cfg.Archive.Has(ctx, cur.ID); err == nil && ok {
+					cur.Error = restorable
+				}
+			}
 			return nil
 		})
 		if err == nil {

@@ -423,6 +423,13 @@ func (e *Engine) Delete(ctx context.Context, id string, render Render) (*sandbox
 
 func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, render Render) (*sandbox.Operation, error) {
 	home := e.rehome(ctx, kind, id)
+	// A sandbox its node's loss failed wakes from its last stored suspend.
+	var fromStore bool
+	if kind == sandbox.OpWake && e.cfg.Cluster != nil {
+		if sb, err := e.store.GetSandbox(ctx, id); err == nil && e.restorable(ctx, sb) {
+			fromStore = true
+		}
+	}
 	now := e.now()
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: kind, SandboxID: id, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	var immediate bool
@@ -438,6 +445,9 @@ func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, rend
 		if sb.ActiveOperation != "" {
 			return errdefs.New(errdefs.Conflict, "sandbox %s has operation %s in flight", id, sb.ActiveOperation).
 				WithDetails(map[string]any{"operation_id": sb.ActiveOperation, "state": string(sb.State)})
+		}
+		if fromStore && sb.State == sandbox.Failed && sb.Error != nil && sb.Error.Code == NodeLost {
+			sb.State, sb.Error = sandbox.Suspended, nil // (its snapshot is in the blob store)
 		}
 		tr, err := sandbox.Plan(kind, sb.State)
 		if err != nil {
