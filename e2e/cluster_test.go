@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -195,6 +196,18 @@ func TestCluster(t *testing.T) {
 	}
 	if rep := c1.ecwDo("GET", "/sandboxes/"+e2bSbx.SandboxID, nil, e2bKey); rep.status != 200 {
 		t.Fatalf("E2B get through the other replica = %d %s", rep.status, rep.body)
+	}
+	// The E2B SDK itself, through one replica (commands stream over
+	// Connect, forwarded to the node).
+	sdk := requireE2BSDK(t)
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	cmd := exec.CommandContext(sctx, "node", "cluster.mjs")
+	cmd.Dir = sdk
+	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+c2.ecwAddr, "E2B_SANDBOX_URL=http://"+c2.ecwAddr, "E2B_API_KEY="+c.token)
+	sdkOut, err := cmd.CombinedOutput()
+	cancel()
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(sdkOut)), "ALL OK") {
+		t.Fatalf("the E2B SDK through a control replica: %v\n%s", err, sdkOut)
 	}
 
 	// A control replica dies with an operation in flight: the other one

@@ -14,6 +14,8 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -93,14 +95,29 @@ func (w *Watcher) wait(id string, wt *watch) {
 	if err != nil {
 		return
 	}
-	first := true
-	err = rc.Read(func(uintptr) bool {
-		if first {
-			first = false
-			return false // wait for readiness
+	for {
+		// The poller reports the end at once; every backstop the pidfd is
+		// also asked directly (level-triggered), so an end the poller did
+		// not report (seen twice in CI runs under heavy load) is reported
+		// within it.
+		wt.f.SetReadDeadline(time.Now().Add(backstop))
+		first := true
+		err = rc.Read(func(uintptr) bool {
+			if first {
+				first = false
+				return false // wait for readiness
+			}
+			return true
+		})
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			if exited(rc) {
+				err = nil
+				break
+			}
+			continue
 		}
-		return true
-	})
+		break
+	}
 	w.mu.Lock()
 	if wt.ended || w.watches[id] != wt {
 		w.mu.Unlock()
@@ -113,6 +130,21 @@ func (w *Watcher) wait(id string, wt *watch) {
 		return
 	}
 	w.fire(id, wt)
+}
+
+// backstop is how often a watched pidfd is polled directly.
+const backstop = 2 * time.Second
+
+// exited polls a pidfd without blocking: readable means its process ended.
+func exited(rc syscall.RawConn) bool {
+	ended := false
+	rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(p, 0); err == nil && n > 0 && p[0].Revents&(unix.POLLIN|unix.POLLHUP) != 0 {
+			ended = true
+		}
+	})
+	return ended
 }
 
 func (w *Watcher) fire(id string, wt *watch) {

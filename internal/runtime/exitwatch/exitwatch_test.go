@@ -4,9 +4,12 @@ package exitwatch
 
 import (
 	"log/slog"
+	"os"
 	"os/exec"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spacesandbox/space/internal/runtime"
 )
@@ -95,5 +98,32 @@ func TestRewatchReplaces(t *testing.T) {
 	case <-got:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the current process was not reported")
+	}
+}
+
+// The backstop asks the pidfd itself: not ended while the process lives,
+// ended once it is gone.
+func TestBackstopPollsThePidfd(t *testing.T) {
+	c := sleeper(t)
+	fd, err := unix.PidfdOpen(c.Process.Pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exited(rc) {
+		t.Fatal("a live process reads as ended")
+	}
+	c.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for !exited(rc) {
+		if time.Now().After(deadline) {
+			t.Fatal("a killed process never reads as ended")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
