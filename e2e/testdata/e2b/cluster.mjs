@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict'
 import { Sandbox } from 'e2b'
 
-const sbx = await Sandbox.create('test', { timeoutMs: 120_000 })
+const sbx = await Sandbox.create({ timeoutMs: 120_000 }) // base: seed:latest
 let r = await sbx.commands.run('echo "hello from $(hostname)"; echo oops >&2')
 assert.match(r.stdout, /^hello from sbx-/)
 assert.equal(r.stderr, 'oops\n')
