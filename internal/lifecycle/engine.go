@@ -158,6 +158,7 @@ type Engine struct {
 	activity *activity
 	poolKick chan struct{}
 	turns    chan struct{} // MaxParallelOps (nil: no bound)
+	refills  int           // runs of the pool refill (its loop's own)
 }
 
 // New returns an engine; it does nothing until Start.

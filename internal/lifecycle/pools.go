@@ -187,21 +187,28 @@ func (e *Engine) runPools() {
 	defer e.loops.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	kicked := true
 	for {
-		e.refill(e.life)
+		e.refill(e.life, kicked)
 		select {
 		case <-e.life.Done():
 			return
 		case <-t.C:
+			kicked = false
 		case <-e.poolKick:
+			kicked = true
 		}
 	}
 }
 
-func (e *Engine) refill(ctx context.Context) {
+// refill keeps each pool at its size; thorough (after a change, and every
+// half minute) also drops the sandboxes of pools nothing leads to, which
+// reads every pool's sandboxes.
+func (e *Engine) refill(ctx context.Context, thorough bool) {
 	if e.Ready() != nil {
 		return
 	}
+	e.refills++
 	pools, err := e.warmPools(ctx)
 	if err != nil {
 		return
@@ -242,7 +249,9 @@ func (e *Engine) refill(ctx context.Context) {
 			e.Delete(ctx, ready[i], nil)
 		}
 	}
-	e.dropStalePools(ctx, live)
+	if thorough || e.refills%30 == 0 {
+		e.dropStalePools(ctx, live)
+	}
 }
 
 // dropStalePools deletes the idle sandboxes of pools no template reference

@@ -280,9 +280,16 @@ func (s *Store) ListOperations(ctx context.Context, q store.OperationQuery) (sto
 }
 
 func (s *Store) UnfinishedOperations(ctx context.Context, node string) ([]sandbox.Operation, error) {
-	// Operations of no sandbox (builds) are the single machine's ("").
-	rows, err := s.r.QueryContext(ctx, `SELECT o.doc, o.from_state FROM operations o LEFT JOIN sandboxes s ON s.id = o.sandbox_id
-		WHERE o.state IN ('pending', 'running') AND COALESCE(s.node, '') = ? ORDER BY o.seq`, node)
+	// Operations of no sandbox (builds) are the single machine's (""). A
+	// node's come from the few unfinished operations joined to their
+	// sandboxes by id (a node asks every second).
+	q := `SELECT o.doc, o.from_state FROM operations o JOIN sandboxes s ON s.id = o.sandbox_id
+		WHERE o.state IN ('pending', 'running') AND s.node = ? ORDER BY o.seq`
+	if node == "" {
+		q = `SELECT o.doc, o.from_state FROM operations o LEFT JOIN sandboxes s ON s.id = o.sandbox_id
+		WHERE o.state IN ('pending', 'running') AND COALESCE(s.node, '') = ? ORDER BY o.seq`
+	}
+	rows, err := s.r.QueryContext(ctx, q, node)
 	if err != nil {
 		return nil, fmt.Errorf("list unfinished operations: %w", err)
 	}
