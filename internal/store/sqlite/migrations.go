@@ -78,7 +78,7 @@ CREATE UNIQUE INDEX snapshots_tag ON snapshots(tag) WHERE tag IS NOT NULL;
 	// sandbox runs on.
 	`
 ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
-CREATE INDEX sandboxes_node ON sandboxes(node, state);
+CREATE INDEX sandboxes_node ON sandboxes(node, state, seq);
 CREATE TABLE members (
 	id           TEXT PRIMARY KEY,
 	role         TEXT NOT NULL,
