@@ -319,6 +319,17 @@ func (c *Cluster) Runtimes() []string {
 	return out
 }
 
+// Portable says a live node can restore suspended sandboxes of runtime rt
+// from the blob store alone (lifecycle.Cluster).
+func (c *Cluster) Portable(rt string) bool {
+	for _, n := range c.nodes() {
+		if c.alive(n) && slices.Contains(n.Capacity.Portable, rt) {
+			return true
+		}
+	}
+	return false
+}
+
 // Ready says why no node takes sandboxes (nil: one does).
 func (c *Cluster) Ready() error {
 	for _, n := range c.nodes() {

@@ -37,6 +37,9 @@ type Cluster interface {
 	// Claimed tells node that one of its warm-pool sandboxes now belongs to
 	// a user (apply its network policy, give it its own identity).
 	Claimed(node, sandboxID string)
+	// Portable says a suspended sandbox of runtime rt can be woken on
+	// another node (runtime.Capabilities.Portable).
+	Portable(rt string) bool
 	// Runtimes lists the runtimes the cluster's nodes offer; Ready says why
 	// no node can take sandboxes (nil: one can).
 	Runtimes() []string
@@ -88,7 +91,7 @@ func (e *Engine) rehome(ctx context.Context, kind sandbox.OpKind, id string) str
 		if err == nil {
 			return node
 		}
-	case kind == sandbox.OpWake && ((sb.State == sandbox.Suspended && e.archived(sb)) || e.restorable(ctx, sb)):
+	case kind == sandbox.OpWake && c.Portable(sb.Runtime) && ((sb.State == sandbox.Suspended && e.archived(sb)) || e.restorable(ctx, sb)):
 		// Its snapshot is in the blob store: it wakes on any node that fits,
 		// its own first.
 		node, _, err := c.Place(ctx, Need{Runtime: sb.Runtime, Resources: sb.Resources, Template: sb.Template.Digest, Prefer: sb.Node})
@@ -103,7 +106,7 @@ func (e *Engine) rehome(ctx context.Context, kind sandbox.OpKind, id string) str
 // restorable says a sandbox failed with its node can be woken from the
 // last snapshot its suspend stored in the blob store.
 func (e *Engine) restorable(ctx context.Context, sb *sandbox.Sandbox) bool {
-	if e.cfg.Archive == nil || sb.State != sandbox.Failed || sb.Error == nil || sb.Error.Code != NodeLost {
+	if e.cfg.Archive == nil || e.cfg.Cluster == nil || sb.State != sandbox.Failed || sb.Error == nil || sb.Error.Code != NodeLost || !e.cfg.Cluster.Portable(sb.Runtime) {
 		return false
 	}
 	ok, err := e.cfg.Archive.Has(ctx, sb.ID)
@@ -306,7 +309,7 @@ func (e *Engine) FailLostNode(ctx context.Context, node string) (int, error) {
 				return errdefs.New(errdefs.Conflict, "sandbox changed meanwhile")
 			}
 			cur.State, cur.Error, cur.UpdatedAt = sandbox.Failed, lost, e.now()
-			if e.cfg.Archive != nil {
+			if e.cfg.Archive != nil && e.cfg.Cluster != nil && e.cfg.Cluster.Portable(cur.Runtime) {
 				if ok, err := e.cfg.Archive.Has(ctx, cur.ID); err == nil && ok {
 					cur.Error = restorable
 				}

@@ -60,6 +60,7 @@ func (c *fakeCluster) Dispatch(node, opID string) {
 }
 func (c *fakeCluster) Claimed(node, id string) {}
 func (c *fakeCluster) Runtimes() []string      { return []string{"fake"} }
+func (c *fakeCluster) Portable(string) bool    { return false } // (the fake restores only its own)
 func (c *fakeCluster) Ready() error            { return nil }
 
 // A control engine with no runtime places creates on nodes, whose engines

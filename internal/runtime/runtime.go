@@ -84,6 +84,10 @@ type Capabilities struct {
 	// Detail is a human sentence on how the runtime runs here (for example
 	// the chosen acceleration and the reason).
 	Detail string
+	// Portable says a suspended sandbox's snapshot directory alone (as a
+	// blob store keeps it) restores it on another host of the same runtime:
+	// a cluster may wake it on any node.
+	Portable bool
 }
 
 // Runtime runs sandboxes. Every method is safe for concurrent use on

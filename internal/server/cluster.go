@@ -69,6 +69,9 @@ func newMember(cfg *config.Serve, bootID string, rts []runtime.Runtime) (store.M
 	m.Capacity = store.Capacity{VCPUs: goruntime.NumCPU(), MemoryMiB: int(float64(memTotalMiB()) * cfg.MemoryOvercommit), DiskMiB: diskMiB(cfg.DataDir), MaxSandboxes: cfg.MaxSandboxes}
 	for _, rt := range rts {
 		m.Capacity.Runtimes = append(m.Capacity.Runtimes, rt.Name())
+		if rt.Capabilities().Portable {
+			m.Capacity.Portable = append(m.Capacity.Portable, rt.Name())
+		}
 		if rt.Name() == "vm" {
 			m.Capacity.Acceleration = rt.Capabilities().Detail
 		}

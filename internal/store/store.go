@@ -235,6 +235,9 @@ type Capacity struct {
 	DiskMiB      int      `json:"disk_mib"`
 	MaxSandboxes int      `json:"max_sandboxes"` // 0: no cap
 	Runtimes     []string `json:"runtimes"`
+	// Portable are the runtimes whose suspended sandboxes this node can
+	// restore from a blob store alone (a wake may move them here).
+	Portable     []string `json:"portable,omitempty"`
 	Acceleration string   `json:"acceleration,omitempty"`
 }
 

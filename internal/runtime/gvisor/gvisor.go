@@ -215,7 +215,7 @@ func lastLine(s string) string {
 func (r *Runtime) Name() string { return Name }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Net: runtime.NetNamespace, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox"}
+	return runtime.Capabilities{Net: runtime.NetNamespace, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox", Portable: true}
 }
 
 func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.cfg.Dir, "sandboxes", id) }
