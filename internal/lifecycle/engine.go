@@ -427,8 +427,17 @@ func (e *Engine) begin(ctx context.Context, kind sandbox.OpKind, id string, rend
 	// A sandbox its node's loss failed wakes from its last stored suspend.
 	var fromStore bool
 	if kind == sandbox.OpWake && e.cfg.Cluster != nil {
-		if sb, err := e.store.GetSandbox(ctx, id); err == nil && e.restorable(ctx, sb) {
+		sb, err := e.store.GetSandbox(ctx, id)
+		if err == nil && e.restorable(ctx, sb) {
 			fromStore = true
+		}
+		if err == nil && home == "" && sb.State == sandbox.Suspended && !e.cfg.Cluster.Alive(ctx, sb.Node) {
+			why := fmt.Sprintf("%s sandboxes do not move between nodes yet; it wakes when that node is back", sb.Runtime)
+			if e.cfg.Cluster.Portable(sb.Runtime) {
+				why = "no other node can take it now"
+			}
+			return nil, errdefs.New(errdefs.Unavailable, "sandbox %s is suspended on node %s, which is gone, and %s", id, sb.Node, why).
+				WithDetails(map[string]any{"node": sb.Node})
 		}
 	}
 	now := e.now()
