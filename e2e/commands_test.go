@@ -46,7 +46,11 @@ func (s *server) peakRSS() int64 {
 // any size: far less than the data, which is ≥ 100 MiB.
 func memoryBound() int64 {
 	if raceEnabled {
-		return 160 << 20 // the race detector's shadow memory
+		// The race detector's shadow memory grows with the heap and with
+		// how late the collector runs: 163 MiB was seen in a CI run whose
+		// host was loaded by other tests. The bound without it (64 MiB) is
+		// the product's.
+		return 192 << 20
 	}
 	return 64 << 20
 }
