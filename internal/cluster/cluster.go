@@ -201,10 +201,6 @@ func (c *Cluster) beat() {
 	}
 }
 
-// RefreshForTest reads the members now (tests that start members in one
-// process).
-func (c *Cluster) RefreshForTest(ctx context.Context) error { return c.refresh(ctx) }
-
 // refresh reads every member.
 func (c *Cluster) refresh(ctx context.Context) error {
 	ms, err := c.cfg.Liveness.ListMembers(ctx, "")

@@ -118,9 +118,6 @@ func TestScaleSimulationFakeRuntime(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.RefreshForTest(ctx); err != nil {
-			t.Fatal(err)
-		}
 		if _, err := c.Join(ctx); err != nil {
 			t.Fatal(err)
 		}

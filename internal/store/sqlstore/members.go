@@ -4,7 +4,6 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -161,19 +160,7 @@ func (s *Store) NodeLoads(ctx context.Context) (map[string]store.NodeLoad, error
 }
 
 func getMember(ctx context.Context, q querier, id string) (*store.Member, error) {
-	var doc []byte
-	err := q.QueryRowContext(ctx, `SELECT doc FROM members WHERE id = ?`+q.forUpdate(), id).Scan(&doc)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.New(errdefs.NotFound, "cluster member %s not found", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read member: %w", err)
-	}
-	var m store.Member
-	if err := json.Unmarshal(doc, &m); err != nil {
-		return nil, fmt.Errorf("decode member %s: %w", id, err)
-	}
-	return &m, nil
+	return getDoc[store.Member](ctx, q, "members", "cluster member", id)
 }
 
 func writeMember(ctx context.Context, tx *tx, m *store.Member, insert bool) error {

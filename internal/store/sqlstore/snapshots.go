@@ -43,19 +43,25 @@ func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert b
 }
 
 func getSnapshot(ctx context.Context, q querier, id string) (*sandbox.Snapshot, error) {
+	return getDoc[sandbox.Snapshot](ctx, q, "snapshots", "snapshot", id)
+}
+
+// getDoc reads the JSON document of row id of table (a constant of this
+// package), locked in a write transaction; what names it in errors.
+func getDoc[T any](ctx context.Context, q querier, table, what, id string) (*T, error) {
 	var doc []byte
-	err := q.QueryRowContext(ctx, `SELECT doc FROM snapshots WHERE id = ?`+q.forUpdate(), id).Scan(&doc)
+	err := q.QueryRowContext(ctx, `SELECT doc FROM `+table+` WHERE id = ?`+q.forUpdate(), id).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.New(errdefs.NotFound, "snapshot %s not found", id)
+		return nil, errdefs.New(errdefs.NotFound, "%s %s not found", what, id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read snapshot: %w", err)
+		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
-	var snap sandbox.Snapshot
-	if err := json.Unmarshal(doc, &snap); err != nil {
-		return nil, fmt.Errorf("decode snapshot %s: %w", id, err)
+	var v T
+	if err := json.Unmarshal(doc, &v); err != nil {
+		return nil, fmt.Errorf("decode %s %s: %w", what, id, err)
 	}
-	return &snap, nil
+	return &v, nil
 }
 
 func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
