@@ -29,7 +29,9 @@ type ErrorInfo struct {
 
 // Sandbox is a sandbox as the API shows it.
 type Sandbox struct {
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	// Project is the project it belongs to (the token's).
+	Project  string `json:"project"`
 	State    string `json:"state"`
 	Template struct {
 		Ref    string `json:"ref"`
@@ -55,6 +57,7 @@ type Sandbox struct {
 // Operation is an asynchronous lifecycle change.
 type Operation struct {
 	ID          string     `json:"id"`
+	Project     string     `json:"project"`
 	Kind        string     `json:"kind"`
 	SandboxID   string     `json:"sandbox_id"`
 	Sandboxes   []string   `json:"sandboxes,omitempty"` // a fork's new sandboxes

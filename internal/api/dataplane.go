@@ -111,7 +111,7 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		edge.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
-	serve(d.edge, d.router, w, r, d.forward, func(r *http.Request, p params) (*http.Request, error) {
+	serve(d.edge, d.router, w, r, d.forward, func(w http.ResponseWriter, r *http.Request, _ *Route, p params) (*http.Request, error) {
 		sid := p["session_id"]
 		if !ids.Valid(ids.Process, sid) {
 			return nil, errdefs.New(errdefs.NotFound, "no such session")
@@ -127,8 +127,14 @@ func (d *DataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// An attachment token lives only as long as the API token that
 		// created its session (tokens from before this check name none).
 		if claims.Token != "" && d.tokens != nil {
-			if err := d.tokens.Active(r.Context(), claims.Token); err != nil {
+			tok, err := d.tokens.Active(r.Context(), claims.Token)
+			if err != nil {
 				return nil, err
+			}
+			// The token's project is the session's: a token never moves,
+			// so a mismatch is a forged or stale claim.
+			if claims.Project != "" && claims.Project != tok.Project {
+				return nil, errdefs.New(errdefs.NotFound, "no such session")
 			}
 		}
 		p["sandbox_id"] = claims.Sandbox

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -30,6 +31,9 @@ type response struct {
 	status   int
 	body     []byte
 	location string
+	// stored, when set, is the body kept for replays instead of body (a
+	// response that carries a secret keeps it out of the database).
+	stored []byte
 }
 
 // idem is one idempotent request in progress. A handler that changes state
@@ -98,6 +102,16 @@ func validKey(k string) bool {
 	return true
 }
 
+// scopedKey makes keys per project: another project's key is another key.
+// The default project's keys are stored as they come (as before projects);
+// others' are prefixed with the project and a space, which no key contains.
+func scopedKey(ctx context.Context, key string) string {
+	if p := auth.Project(ctx); p != "" && p != store.DefaultProject {
+		return p + " " + key
+	}
+	return key
+}
+
 // do runs handler at most once per key. A request with no key just runs.
 // With a key: a finished earlier request with the same method, path and body
 // is replayed; one still in flight is waited for and then replayed; a
@@ -111,6 +125,7 @@ func (m *idempotency) do(w http.ResponseWriter, r *http.Request, body []byte, ha
 	if !validKey(key) {
 		return response{}, false, errdefs.New(errdefs.InvalidArgument, "Idempotency-Key must be 1 to 255 visible ASCII characters")
 	}
+	key = scopedKey(r.Context(), key)
 	fp := fingerprint(r, body)
 	for {
 		now := m.now()
@@ -180,7 +195,11 @@ func (m *idempotency) run(ctx context.Context, key string, handler func(*idem) (
 		}
 		resp = response{status: status, body: body}
 	}
-	c := store.Completion{Key: key, Status: resp.status, Location: resp.location, Body: func() ([]byte, error) { return resp.body, nil }}
+	keep := resp.body
+	if resp.stored != nil {
+		keep = resp.stored
+	}
+	c := store.Completion{Key: key, Status: resp.status, Location: resp.location, Body: func() ([]byte, error) { return keep, nil }}
 	if cerr := m.store.CompleteIdempotencyKey(bg, c); cerr != nil {
 		return response{}, false, cerr
 	}

@@ -2,6 +2,8 @@ package api
 
 import (
 	"net/http"
+
+	"github.com/spacesandbox/space/internal/store"
 	"sort"
 	"strings"
 )
@@ -14,6 +16,11 @@ type Route struct {
 	Pattern string
 	// Auth is false only for the public endpoints (health, spec, metrics).
 	Auth bool
+	// Role is the least role a token needs ("": read-only for GET, member
+	// for a change); Owns says what the path's {id} or {name} names, whose
+	// project must be the token's (access.go).
+	Role store.Role
+	Owns owns
 	// Node marks a route served where sandbox {id} runs (it needs the
 	// sandbox's agent or network): in a cluster, the node that runs it.
 	Node    bool

@@ -117,6 +117,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params)
 		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
 			return response{}, err
 		}
+		if err := s.createVisible(r.Context(), req); err != nil {
+			return response{}, err
+		}
+		req.Project = projectOf(r.Context())
 		build := func(sb *sandbox.Sandbox, op *sandbox.Operation) any {
 			return createResponse{Sandbox: s.present(sb), Operation: op}
 		}
@@ -142,7 +146,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p params)
 	if st != "" && !st.Valid() {
 		return errdefs.New(errdefs.InvalidArgument, "unknown state %q", truncate(string(st), 32))
 	}
-	page, err := s.engine.List(r.Context(), store.SandboxQuery{State: st, Cursor: cursor, Limit: limit})
+	page, err := s.engine.List(r.Context(), store.SandboxQuery{Project: projectOf(r.Context()), State: st, Cursor: cursor, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -299,7 +303,7 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request, p params
 	if q.Has("sandbox_id") && !ids.Valid(ids.Sandbox, sbID) {
 		return errdefs.New(errdefs.InvalidArgument, "malformed sandbox_id %q", truncate(sbID, 64))
 	}
-	page, err := s.engine.Operations(r.Context(), store.OperationQuery{SandboxID: sbID, Cursor: cursor, Limit: limit})
+	page, err := s.engine.Operations(r.Context(), store.OperationQuery{Project: projectOf(r.Context()), SandboxID: sbID, Cursor: cursor, Limit: limit})
 	if err != nil {
 		return err
 	}

@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	apispec "github.com/spacesandbox/space/api"
+	"github.com/spacesandbox/space/internal/audit"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/edge"
@@ -56,6 +58,22 @@ type Config struct {
 	// AttachBase, in a cluster, says which data plane a forwarded request
 	// wants its sessions' attach URLs to name ("": this server's own).
 	AttachBase func(*http.Request) string
+	// Projects are the projects, their quotas and the audit log (nil: only
+	// the default project, no audit reads).
+	Projects Projects
+	// Audit records every authenticated mutation (nil: none recorded).
+	Audit *audit.Log
+	// Limiter bounds each token's request rate (nil: a limiter of its own).
+	Limiter *auth.Limiter
+}
+
+// Projects is what the API keeps of projects: the projects and quotas,
+// the audit log it reads, and which project owns each template name.
+type Projects interface {
+	store.Projects
+	ListAudit(ctx context.Context, q store.AuditQuery) (store.Page[store.AuditEntry], error)
+	TemplateOwners(ctx context.Context) (map[string]string, error)
+	ClaimTemplate(ctx context.Context, project, name string, at time.Time) error
 }
 
 // Forwarder sends a request to the node that runs a sandbox
@@ -87,9 +105,9 @@ type Engine interface {
 	UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error)
 	Operation(ctx context.Context, id string) (*sandbox.Operation, error)
 	Operations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error)
-	StartBuild(ctx context.Context, ref string, render lifecycle.Render, build func(ctx context.Context) error) (*sandbox.Operation, error)
-	WarmPool(ctx context.Context, template string) (lifecycle.WarmPool, error)
-	SetWarmPool(ctx context.Context, template string, minReady int) (lifecycle.WarmPool, error)
+	StartBuild(ctx context.Context, project, ref string, render lifecycle.Render, build func(ctx context.Context) error) (*sandbox.Operation, error)
+	WarmPool(ctx context.Context, project, template string) (lifecycle.WarmPool, error)
+	SetWarmPool(ctx context.Context, project, template string, minReady int) (lifecycle.WarmPool, error)
 	// Ready says why the engine cannot serve sandboxes (nil: it can);
 	// Runtimes and RuntimeDetails describe what it runs them on.
 	Ready() error
@@ -128,6 +146,13 @@ type Server struct {
 	forwarder  Forwarder
 	nodes      Nodes
 	attachBase func(*http.Request) string
+	projects   Projects
+	owners     interface {
+		TemplateOwners(ctx context.Context) (map[string]string, error)
+	}
+	audit     *audit.Log
+	limiter   *auth.Limiter
+	ownedObjs map[owns]ownedObject
 }
 
 // New builds the control-plane handler.
@@ -135,8 +160,16 @@ func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
 		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage, forwarder: cfg.Forwarder, nodes: cfg.Nodes, attachBase: cfg.AttachBase}
 	s.idem.alive = cfg.OwnerAlive
+	s.projects, s.audit, s.limiter = cfg.Projects, cfg.Audit, cfg.Limiter
+	if cfg.Projects != nil {
+		s.owners = cfg.Projects
+	}
+	if s.limiter == nil {
+		s.limiter = auth.NewLimiter()
+	}
+	s.ownedObjs = s.owned()
 	s.router = newRouter(s.Routes())
-	s.edge = &edge.Edge{Listener: "api", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}
+	s.edge = &edge.Edge{Listener: "api", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse, Finished: cfg.Audit.Finished("api", nil)}
 	return s
 }
 
@@ -150,61 +183,63 @@ func (s *Server) Routes() []Route {
 		{Method: "GET", Pattern: "/openapi-m1.json", Handler: s.openapi},
 		{Method: "POST", Pattern: "/v1/sandboxes", Auth: true, Handler: s.createSandbox},
 		{Method: "GET", Pattern: "/v1/sandboxes", Auth: true, Handler: s.listSandboxes},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}", Auth: true, Handler: s.getSandbox},
-		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}", Auth: true, Handler: s.lifecycleHandler(sandbox.OpDelete)},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}:pause", Auth: true, Handler: s.lifecycleHandler(sandbox.OpPause)},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Handler: s.lifecycleHandler(sandbox.OpWake)},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}:fork", Auth: true, Handler: s.forkSandbox},
-		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/network", Auth: true, Node: true, Handler: s.putNetwork},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/snapshots", Auth: true, Handler: s.createSnapshot},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}", Auth: true, Owns: ownsSandbox, Handler: s.getSandbox},
+		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}", Auth: true, Owns: ownsSandbox, Handler: s.lifecycleHandler(sandbox.OpDelete)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:pause", Auth: true, Owns: ownsSandbox, Handler: s.lifecycleHandler(sandbox.OpPause)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:suspend", Auth: true, Owns: ownsSandbox, Handler: s.lifecycleHandler(sandbox.OpSuspend)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:wake", Auth: true, Owns: ownsSandbox, Handler: s.lifecycleHandler(sandbox.OpWake)},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}:fork", Auth: true, Owns: ownsSandbox, Handler: s.forkSandbox},
+		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/network", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.putNetwork},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/snapshots", Auth: true, Owns: ownsSandbox, Handler: s.createSnapshot},
 		{Method: "GET", Pattern: "/v1/snapshots", Auth: true, Handler: s.listSnapshots},
-		{Method: "GET", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.getSnapshot},
-		{Method: "DELETE", Pattern: "/v1/snapshots/{id}", Auth: true, Handler: s.deleteSnapshot},
-		{Method: "POST", Pattern: "/v1/snapshots/{id}:tag", Auth: true, Handler: s.tagSnapshot(true)},
-		{Method: "POST", Pattern: "/v1/snapshots/{id}:untag", Auth: true, Handler: s.tagSnapshot(false)},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/metrics", Auth: true, Node: true, Handler: s.getMetrics},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Node: true, Handler: s.createCommand},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Node: true, Handler: s.listProcesses},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes/{process_id}", Auth: true, Node: true, Handler: s.getProcess},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/processes/{process_id}:signal", Auth: true, Node: true, Handler: s.signalProcess},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Node: true, Handler: s.readFile},
-		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Node: true, Handler: s.writeFile},
-		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Node: true, Handler: s.deleteFile},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:list", Auth: true, Node: true, Handler: s.listFiles},
-		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:stat", Auth: true, Node: true, Handler: s.statFile},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:mkdir", Auth: true, Node: true, Handler: s.mkdirFile},
-		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:move", Auth: true, Node: true, Handler: s.moveFile},
+		{Method: "GET", Pattern: "/v1/snapshots/{id}", Auth: true, Owns: ownsSnapshot, Handler: s.getSnapshot},
+		{Method: "DELETE", Pattern: "/v1/snapshots/{id}", Auth: true, Owns: ownsSnapshot, Handler: s.deleteSnapshot},
+		{Method: "POST", Pattern: "/v1/snapshots/{id}:tag", Auth: true, Role: store.RoleAdmin, Owns: ownsSnapshot, Handler: s.tagSnapshot(true)},
+		{Method: "POST", Pattern: "/v1/snapshots/{id}:untag", Auth: true, Role: store.RoleAdmin, Owns: ownsSnapshot, Handler: s.tagSnapshot(false)},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/metrics", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.getMetrics},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/commands", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.createCommand},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.listProcesses},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/processes/{process_id}", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.getProcess},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/processes/{process_id}:signal", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.signalProcess},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.readFile},
+		{Method: "PUT", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.writeFile},
+		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}/files", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.deleteFile},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:list", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.listFiles},
+		{Method: "GET", Pattern: "/v1/sandboxes/{id}/files:stat", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.statFile},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:mkdir", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.mkdirFile},
+		{Method: "POST", Pattern: "/v1/sandboxes/{id}/files:move", Auth: true, Owns: ownsSandbox, Node: true, Handler: s.moveFile},
 		{Method: "GET", Pattern: "/v1/templates", Auth: true, Handler: s.listTemplates},
-		{Method: "POST", Pattern: "/v1/templates", Auth: true, Handler: s.createTemplate},
-		{Method: "GET", Pattern: "/v1/templates/{name}:{tag}", Auth: true, Handler: s.getTemplate},
-		{Method: "GET", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Handler: s.getWarmPool},
-		{Method: "PUT", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Handler: s.putWarmPool},
-		{Method: "GET", Pattern: "/v1/nodes", Auth: true, Handler: s.listNodes},
-		{Method: "GET", Pattern: "/v1/nodes/{id}", Auth: true, Handler: s.getNode},
-		{Method: "POST", Pattern: "/v1/nodes/{id}:cordon", Auth: true, Handler: s.setNodeState(store.MemberCordoned)},
-		{Method: "POST", Pattern: "/v1/nodes/{id}:uncordon", Auth: true, Handler: s.setNodeState(store.MemberReady)},
-		{Method: "POST", Pattern: "/v1/nodes/{id}:drain", Auth: true, Handler: s.setNodeState(store.MemberDraining)},
+		{Method: "POST", Pattern: "/v1/templates", Auth: true, Role: store.RoleAdmin, Handler: s.createTemplate},
+		{Method: "GET", Pattern: "/v1/templates/{name}:{tag}", Auth: true, Owns: ownsTemplate, Handler: s.getTemplate},
+		{Method: "GET", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Owns: ownsTemplate, Handler: s.getWarmPool},
+		{Method: "PUT", Pattern: "/v1/warm-pools/{name}:{tag}", Auth: true, Role: store.RoleAdmin, Owns: ownsTemplate, Handler: s.putWarmPool},
+		{Method: "GET", Pattern: "/v1/nodes", Auth: true, Role: store.RoleOwner, Handler: s.listNodes},
+		{Method: "GET", Pattern: "/v1/nodes/{id}", Auth: true, Role: store.RoleOwner, Handler: s.getNode},
+		{Method: "POST", Pattern: "/v1/nodes/{id}:cordon", Auth: true, Role: store.RoleOwner, Handler: s.setNodeState(store.MemberCordoned)},
+		{Method: "POST", Pattern: "/v1/nodes/{id}:uncordon", Auth: true, Role: store.RoleOwner, Handler: s.setNodeState(store.MemberReady)},
+		{Method: "POST", Pattern: "/v1/nodes/{id}:drain", Auth: true, Role: store.RoleOwner, Handler: s.setNodeState(store.MemberDraining)},
 		{Method: "GET", Pattern: "/v1/operations", Auth: true, Handler: s.listOperations},
-		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Handler: s.getOperation},
+		{Method: "GET", Pattern: "/v1/operations/{id}", Auth: true, Owns: ownsOperation, Handler: s.getOperation},
+		{Method: "GET", Pattern: "/v1/projects", Auth: true, Role: store.RoleOwner, Handler: s.listProjects},
+		{Method: "POST", Pattern: "/v1/projects", Auth: true, Role: store.RoleOwner, Handler: s.createProject},
+		{Method: "GET", Pattern: "/v1/projects/{id}", Auth: true, Owns: ownsProject, Handler: s.getProject},
+		{Method: "DELETE", Pattern: "/v1/projects/{id}", Auth: true, Role: store.RoleOwner, Handler: s.deleteProject},
+		{Method: "PUT", Pattern: "/v1/projects/{id}/limits", Auth: true, Role: store.RoleOwner, Handler: s.putLimits},
+		{Method: "PUT", Pattern: "/v1/projects/{id}/quotas", Auth: true, Role: store.RoleAdmin, Owns: ownsProject, Handler: s.putQuotas},
+		{Method: "GET", Pattern: "/v1/projects/{id}/usage", Auth: true, Owns: ownsProject, Handler: s.getUsage},
+		{Method: "GET", Pattern: "/v1/tokens", Auth: true, Role: store.RoleAdmin, Handler: s.listTokens},
+		{Method: "POST", Pattern: "/v1/tokens", Auth: true, Role: store.RoleAdmin, Handler: s.createToken},
+		{Method: "GET", Pattern: "/v1/tokens/{id}", Auth: true, Role: store.RoleAdmin, Owns: ownsToken, Handler: s.getToken},
+		{Method: "DELETE", Pattern: "/v1/tokens/{id}", Auth: true, Role: store.RoleAdmin, Owns: ownsToken, Handler: s.revokeToken},
+		{Method: "GET", Pattern: "/v1/audit", Auth: true, Role: store.RoleAdmin, Handler: s.listAudit},
 	}
 }
 
 // ServeHTTP routes, authenticates with the API token, recovers panics and
 // records metrics.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	serve(s.edge, s.router, w, r, s.forward, func(r *http.Request, p params) (*http.Request, error) {
-		tok, ok := auth.BearerToken(r.Header.Get("Authorization"))
-		if !ok {
-			return nil, errdefs.New(errdefs.Unauthenticated, "missing or invalid API token")
-		}
-		t, err := s.tokens.Verify(r.Context(), tok)
-		if err != nil {
-			return nil, err
-		}
-		// What the request issues (attachment tokens) is tied to this token.
-		return r.WithContext(auth.WithTokenID(r.Context(), t.ID)), nil
-	})
+	r = audit.With(r)
+	serve(s.edge, s.router, w, r, s.forward, s.authenticate)
 }
 
 // forward serves an authenticated request of a Node route by the cluster
@@ -218,22 +253,34 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, route *Route, p
 	if err != nil {
 		return false
 	}
-	return s.forwarder.Forward(w, r, sb.Node)
+	if s.forwarder.Forward(w, r, sb.Node) {
+		if rec := audit.From(r.Context()); rec != nil {
+			rec.Forwarded = true // the node that served it records it
+		}
+		return true
+	}
+	return false
 }
 
 // serve is what both listeners do with a request on their edge: route it,
 // authenticate it with authn when the route needs it (success gives the
 // request as the handler sees it), hand it to fwd (nil, or false: it is
 // served here), and run its handler.
-func serve(e *edge.Edge, rt *router, w http.ResponseWriter, r *http.Request, fwd func(http.ResponseWriter, *http.Request, *Route, params) bool, authn func(*http.Request, params) (*http.Request, error)) {
+func serve(e *edge.Edge, rt *router, w http.ResponseWriter, r *http.Request, fwd func(http.ResponseWriter, *http.Request, *Route, params) bool, authn func(http.ResponseWriter, *http.Request, *Route, params) (*http.Request, error)) {
 	e.Serve(w, r, func(w http.ResponseWriter, r *http.Request, name *string) error {
 		route, p, allowed := rt.match(r.Method, r.URL.Path)
 		if route == nil {
 			return edge.NoRoute(w, r, allowed)
 		}
 		*name = route.Pattern
+		if rec := audit.From(r.Context()); rec != nil {
+			rec.Action, rec.Target = route.Method+" "+route.Pattern, p["id"]
+			if p["name"] != "" {
+				rec.Target = p["name"] + ":" + p["tag"]
+			}
+		}
 		if route.Auth {
-			ar, err := authn(r, p)
+			ar, err := authn(w, r, route, p)
 			if err != nil {
 				return err
 			}
@@ -256,6 +303,9 @@ func mutate(w http.ResponseWriter, r *http.Request, ids *idempotency, limit int6
 	resp, replayed, err := ids.do(w, r, body, func(i *idem) (response, error) { return handler(body, i) })
 	if err != nil {
 		return err
+	}
+	if rec := audit.From(r.Context()); rec != nil && strings.HasPrefix(resp.location, "/v1/operations/") {
+		rec.Operation = strings.TrimPrefix(resp.location, "/v1/operations/")
 	}
 	writeResponse(w, resp, replayed)
 	return nil
@@ -327,10 +377,13 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p params)
 			return err
 		}
 	}
-	if list == nil {
-		list = []templates.Template{}
+	visible := []templates.Template{}
+	for _, t := range list {
+		if s.templateVisible(r.Context(), projectOf(r.Context()), t.Name) == nil {
+			visible = append(visible, t)
+		}
 	}
-	return edge.JSON(w, http.StatusOK, listResponse[templates.Template]{Items: list})
+	return edge.JSON(w, http.StatusOK, listResponse[templates.Template]{Items: visible})
 }
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p params) error {

@@ -81,7 +81,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p params)
 	if q.Has("sandbox_id") && !ids.Valid(ids.Sandbox, sbID) {
 		return errdefs.New(errdefs.InvalidArgument, "malformed sandbox_id %q", truncate(sbID, 64))
 	}
-	page, err := s.engine.ListSnapshots(r.Context(), store.SnapshotQuery{SandboxID: sbID, Cursor: cursor, Limit: limit})
+	page, err := s.engine.ListSnapshots(r.Context(), store.SnapshotQuery{Project: projectOf(r.Context()), SandboxID: sbID, Cursor: cursor, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -131,6 +131,11 @@ func (s *Server) tagSnapshot(tag bool) handlerFunc {
 			}
 			if err != nil {
 				return response{}, err
+			}
+			if tag {
+				if err := s.claimName(r.Context(), templateName(req.Template)); err != nil {
+					return response{}, err
+				}
 			}
 			snap, err := s.engine.TagSnapshot(r.Context(), id, req.Template)
 			if err != nil {

@@ -49,12 +49,18 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request, p params
 		if err := spec.Validate(); err != nil {
 			return response{}, err
 		}
+		if err := s.templateVisible(r.Context(), projectOf(r.Context()), templateName(spec.Base)); err != nil {
+			return response{}, err
+		}
 		if _, err := s.builder.Get(spec.Base); err != nil {
+			return response{}, err
+		}
+		if err := s.claimName(r.Context(), spec.Name); err != nil {
 			return response{}, err
 		}
 		ref := spec.Name + ":" + spec.Tag
 		build := func(_ *sandbox.Sandbox, op *sandbox.Operation) any { return operationResponse{Operation: op} }
-		op, err := s.engine.StartBuild(r.Context(), ref, i.render(http.StatusAccepted, operationLocation, build), func(ctx context.Context) error {
+		op, err := s.engine.StartBuild(r.Context(), projectOf(r.Context()), ref, i.render(http.StatusAccepted, operationLocation, build), func(ctx context.Context) error {
 			_, err := s.builder.BuildSpec(ctx, spec, io.Discard)
 			return err
 		})
@@ -80,6 +86,9 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
 	if _, _, err := templates.ParseRef(name + ":" + tag); err != nil || name == "" {
 		return errdefs.New(errdefs.InvalidArgument, "name and tag query parameters must name the template, like ?name=mine&tag=v1")
 	}
+	if err := s.claimName(r.Context(), name); err != nil {
+		return err
+	}
 	f, err := os.CreateTemp(s.builder.ScratchDir(), "upload-*.tar")
 	if err != nil {
 		return err
@@ -103,7 +112,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.Wrap(errdefs.InvalidArgument, err, "reading the upload failed")
 	}
 	archive := f.Name()
-	op, err := s.engine.StartBuild(r.Context(), name+":"+tag, nil, func(ctx context.Context) error {
+	op, err := s.engine.StartBuild(r.Context(), projectOf(r.Context()), name+":"+tag, nil, func(ctx context.Context) error {
 		defer os.Remove(archive)
 		_, err := s.builder.ImportOCI(ctx, archive, name, tag, io.Discard)
 		return err

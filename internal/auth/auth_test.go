@@ -8,9 +8,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/store/sqlite"
 )
 
@@ -21,7 +23,7 @@ func newTokens(t *testing.T) (*auth.Tokens, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return auth.New(st), dir
+	return auth.New(st, st), dir
 }
 
 func TestCreateVerifyRevoke(t *testing.T) {
@@ -111,5 +113,64 @@ func TestBearerToken(t *testing.T) {
 		if got != want || ok != (want != "") {
 			t.Errorf("BearerToken(%q) = %q %v", in, got, ok)
 		}
+	}
+}
+
+// A token belongs to an existing project with a role; one with a lifetime
+// stops working when it ends, and so do the credentials it issued.
+func TestTokenSpecAndExpiry(t *testing.T) {
+	tk, _ := newTokens(t)
+	ctx := context.Background()
+	for _, bad := range []auth.Spec{
+		{Name: "x", Role: "root"},
+		{Name: "x", Role: store.RoleMember, Project: "Nope!"},
+		{Name: "x", Role: store.RoleMember, Project: "missing"},
+		{Name: "x", Role: store.RoleMember, TTL: -time.Second},
+		{Name: "x", Role: store.RoleMember, Burst: 5},
+	} {
+		if _, _, err := tk.CreateSpec(ctx, bad); err == nil {
+			t.Errorf("CreateSpec(%+v) made a token", bad)
+		}
+	}
+	tok, value, err := tk.CreateSpec(ctx, auth.Spec{Name: "short", Role: store.RoleReadOnly, TTL: 150 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tk.Verify(ctx, value); err != nil || got.Role != store.RoleReadOnly || got.Project != store.DefaultProject || got.ExpiresAt == nil {
+		t.Fatalf("verify = %+v %v", got, err)
+	}
+	if _, err := tk.Active(ctx, tok.ID); err != nil {
+		t.Fatalf("active before expiry: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := tk.Verify(ctx, value); !errors.Is(err, errdefs.Unauthenticated) {
+		t.Fatalf("expired token verified (cached or not): %v", err)
+	}
+	if _, err := tk.Active(ctx, tok.ID); !errors.Is(err, errdefs.Unauthenticated) {
+		t.Fatalf("expired token active: %v", err)
+	}
+}
+
+func TestLimiter(t *testing.T) {
+	l := auth.NewLimiter()
+	tok := store.Token{ID: "tok_a", RatePerSec: 2, Burst: 3}
+	for i := range 3 {
+		if _, err := l.Allow(tok); err != nil {
+			t.Fatalf("request %d of the burst refused: %v", i, err)
+		}
+	}
+	wait, err := l.Allow(tok)
+	if !errors.Is(err, errdefs.ResourceExhausted) || wait != time.Second {
+		t.Fatalf("past the burst = %v %v, want a 1 s retry", wait, err)
+	}
+	if _, err := l.Allow(store.Token{ID: "tok_b", RatePerSec: 2, Burst: 3}); err != nil {
+		t.Fatalf("another token shares the bucket: %v", err)
+	}
+	if _, err := l.Allow(store.Token{ID: "tok_c"}); err != nil {
+		t.Fatalf("an unlimited token refused: %v", err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if _, err := l.Allow(tok); err != nil {
+		t.Fatalf("refill did not give a request back: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
 	"os"
 	"path/filepath"
 )
@@ -17,7 +18,7 @@ const TokenFile = "api-token"
 // its value once to <dataDir>/api-token with mode 0600. It returns the path
 // written ("" when tokens already existed). The value is never logged.
 func (t *Tokens) Bootstrap(ctx context.Context, dataDir string) (string, error) {
-	existing, err := t.List(ctx)
+	existing, err := t.List(ctx, "")
 	if err != nil {
 		return "", err
 	}
@@ -71,7 +72,7 @@ func (t *Tokens) EnsureToken(ctx context.Context, name, value string) (bool, err
 	} else if !errors.Is(err, errdefs.NotFound) {
 		return false, err
 	}
-	if _, _, err := t.create(ctx, name, value); err != nil {
+	if _, _, err := t.create(ctx, Spec{Name: name, Role: store.RoleOwner}, value); err != nil {
 		if _, again := t.store.TokenByHash(ctx, Hash(value)); again == nil {
 			return false, nil // another replica stored it meanwhile
 		}

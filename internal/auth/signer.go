@@ -27,6 +27,8 @@ type Claims struct {
 	// Token is the id of the API token that created the session: the
 	// attachment token stops working when that one is revoked.
 	Token string `json:"tok,omitempty"`
+	// Project is the project of the session's sandbox (and of Token).
+	Project string `json:"prj,omitempty"`
 }
 
 // Signer issues and checks attachment tokens: the claims, signed with

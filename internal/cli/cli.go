@@ -43,7 +43,9 @@ const usage = `space — Sandboxed Platform for Agentic Code Execution
 
 Server:
   space serve [flags]                 start SPACE (space serve -h for flags; --role control|node for a cluster)
-  space token create|list|revoke      manage API tokens in the data directory
+  space token create|list|revoke      manage API tokens in the server's store
+                                      (create --name N [--project P --role owner|admin|member|read-only --expires 30d --rate R --burst B --e2b])
+  space project create|list|rm|quota|usage NAME   manage projects (quota --sandboxes N --running N --vcpus N --memory-mib N …)
   space template build|list|inspect|tag|rm|gc   manage templates in the data directory
 
 Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
@@ -101,8 +103,10 @@ func run(ctx context.Context, args []string, o Options) error {
 	switch verb {
 	case "serve":
 		return serve(ctx, rest, o)
-	case "token":
+	case "token", "tokens":
 		return tokenCmd(ctx, rest, o)
+	case "project", "projects":
+		return projectCmd(ctx, rest, o)
 	case "sandbox", "sandboxes", "sbx":
 		return sandboxCmd(ctx, rest, o)
 	case "operation", "operations", "op":

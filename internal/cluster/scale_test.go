@@ -105,7 +105,7 @@ func TestScaleSimulationFakeRuntime(t *testing.T) {
 		closers = append(closers, func() { srv.Close(); eng.Close(); c.Close() })
 	}
 	// Two control replicas serving the API.
-	tokens := auth.New(st)
+	tokens := auth.New(st, st)
 	_, token, err := tokens.Create(ctx, "scale")
 	if err != nil {
 		t.Fatal(err)

@@ -227,7 +227,7 @@ func (s *Service) Create(ctx context.Context, sandboxID string, req CreateReques
 		return nil, err
 	}
 	exp := time.Now().Add(s.cfg.TokenTTL).UTC().Truncate(time.Second)
-	tok := s.cfg.Signer.Issue(auth.Claims{Session: spec.ID, Sandbox: sandboxID, Expires: exp.Unix(), Token: auth.TokenID(ctx)})
+	tok := s.cfg.Signer.Issue(auth.Claims{Session: spec.ID, Sandbox: sandboxID, Expires: exp.Unix(), Token: auth.TokenID(ctx), Project: auth.Project(ctx)})
 	s.log.Info("command session created", "sandbox_id", sandboxID, "process_id", spec.ID)
 	base := s.cfg.DataPlaneURL
 	if u, ok := ctx.Value(dataPlaneKey{}).(string); ok && u != "" {

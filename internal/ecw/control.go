@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spacesandbox/space/internal/audit"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -58,7 +59,18 @@ func (s *Server) authed(next handler) handler {
 		if err != nil {
 			return err
 		}
-		return next(w, r.WithContext(auth.WithTokenID(r.Context(), t.ID)))
+		if wait, err := s.cfg.Limiter.Allow(t); err != nil {
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())))
+			return err
+		}
+		if rec := audit.From(r.Context()); rec != nil {
+			rec.Token = t
+		}
+		// A key is a project's token: a read-only one lists and reads.
+		if r.Method != http.MethodGet && t.Role.Rank() < store.RoleMember.Rank() {
+			return errdefs.New(errdefs.PermissionDenied, "this API key is read-only")
+		}
+		return next(w, r.WithContext(auth.WithToken(r.Context(), t)))
 	}
 }
 
@@ -242,6 +254,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 			creq.Env = nil
 		}
 	}
+	creq.Project = projectOf(r.Context())
+	if err := s.visible(r.Context(), creq); err != nil {
+		return err
+	}
 	sb, op, err := s.cfg.Engine.Create(r.Context(), creq, nil)
 	if err != nil {
 		return err
@@ -295,7 +311,7 @@ func (s *Server) sandbox(r *http.Request) (*sandbox.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sb.State == sandbox.Deleted || sb.State == sandbox.Deleting || sb.Pool != "" {
+	if sb.State == sandbox.Deleted || sb.State == sandbox.Deleting || sb.Pool != "" || sb.Project != projectOf(r.Context()) {
 		return nil, sandboxNotFound(id)
 	}
 	return sb, nil
@@ -320,6 +336,37 @@ func shortID(composite string) (string, bool) {
 		}
 	}
 	return id, true
+}
+
+// projectOf is the project of the request's API key: an E2B key is a
+// project's token, and E2B's team-scoped calls act in its project.
+func projectOf(ctx context.Context) string {
+	if p := auth.Project(ctx); p != "" {
+		return p
+	}
+	return store.DefaultProject
+}
+
+// visible refuses a create that names another project's snapshot or
+// template as E2B answers an unknown one.
+func (s *Server) visible(ctx context.Context, req lifecycle.CreateRequest) error {
+	if req.Snapshot != "" && ids.Valid(ids.Snapshot, req.Snapshot) {
+		if snap, err := s.cfg.Engine.GetSnapshot(ctx, req.Snapshot); err == nil && snap.Project != req.Project {
+			return errdefs.New(errdefs.NotFound, "snapshot %q not found", req.Snapshot)
+		}
+	}
+	if req.Template == "" || s.cfg.Owners == nil {
+		return nil
+	}
+	owners, err := s.cfg.Owners.TemplateOwners(ctx)
+	if err != nil {
+		return err
+	}
+	name, _, _ := strings.Cut(req.Template, ":")
+	if o, ok := owners[name]; ok && o != req.Project {
+		return errdefs.New(errdefs.NotFound, "template '%s' not found", name)
+	}
+	return nil
 }
 
 // sandboxNotFound is E2B's 404 for a sandbox.
@@ -760,7 +807,7 @@ const maxListed = 10000
 func (s *Server) list(ctx context.Context, q listQuery) ([]sandboxDetail, string, error) {
 	var all []sandbox.Sandbox
 	for cursor := ""; len(all) < maxListed; {
-		page, err := s.cfg.Engine.List(ctx, store.SandboxQuery{Cursor: cursor, Limit: store.MaxLimit})
+		page, err := s.cfg.Engine.List(ctx, store.SandboxQuery{Project: projectOf(ctx), Cursor: cursor, Limit: store.MaxLimit})
 		if err != nil {
 			return nil, "", err
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/sandboxio"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // DefaultUser is the user envd requests act as when they name none (E2B's).
@@ -100,6 +101,7 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 		if t.port != EnvdPort {
 			return errdefs.New(kindPortClosed, "port %s is not open: SPACE sandboxes serve only envd (port %s)", t.port, EnvdPort)
 		}
+		var project string // the project the credential acts in ("": none checked)
 		if needToken {
 			var tokenID string
 			var err error
@@ -114,8 +116,11 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 				tokenID, err = s.cfg.Commands.Signer().VerifySandboxAccess(r.Header.Get("X-Access-Token"), t.sandboxID)
 			}
 			if err == nil {
-				// It ends with the API token it was issued to.
-				err = s.cfg.Tokens.Active(r.Context(), tokenID)
+				// It ends with the API token it was issued to, and acts
+				// in that token's project.
+				var tok store.Token
+				tok, err = s.cfg.Tokens.Active(r.Context(), tokenID)
+				project = tok.Project
 			}
 			if err != nil {
 				return err
@@ -131,7 +136,7 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 			}
 			return err
 		}
-		if sb.Pool != "" {
+		if sb.Pool != "" || (project != "" && sb.Project != project) {
 			return gone(t.sandboxID)
 		}
 		user := r.URL.Query().Get("username")

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spacesandbox/space/internal/audit"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/edge"
@@ -80,6 +81,18 @@ type Config struct {
 	// Forwarder, in a cluster, serves a sandbox's envd, port and metrics
 	// requests by the node that runs it (nil: every sandbox runs here).
 	Forwarder Forwarder
+	// Owners says which project built each template name (nil: every
+	// template is shared).
+	Owners TemplateOwners
+	// Audit records every authenticated change (nil: none); Limiter
+	// bounds each key's request rate (nil: one of the layer's own).
+	Audit   *audit.Log
+	Limiter *auth.Limiter
+}
+
+// TemplateOwners maps the template names projects built to their project.
+type TemplateOwners interface {
+	TemplateOwners(ctx context.Context) (map[string]string, error)
 }
 
 // Forwarder sends a request to the node that runs a sandbox
@@ -111,7 +124,10 @@ func New(cfg Config) *Server {
 		cfg.Keepalive = 30 * time.Second
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), envd: http.NewServeMux(),
-		edge: &edge.Edge{Listener: "ecw", Metrics: cfg.Metrics, Log: cfg.Logger, Render: render}}
+		edge: &edge.Edge{Listener: "ecw", Metrics: cfg.Metrics, Log: cfg.Logger, Render: render, Finished: cfg.Audit.Finished("ecw", readsOnly)}}
+	if s.cfg.Limiter == nil {
+		s.cfg.Limiter = auth.NewLimiter()
+	}
 	s.routeControl()
 	s.routeEnvd()
 	return s
@@ -120,6 +136,7 @@ func New(cfg Config) *Server {
 // ServeHTTP sends a request to the control plane or to a sandbox's envd, on
 // the layer's edge (errors as E2B's {"code","message"}).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r = audit.With(r)
 	s.edge.Serve(w, r, func(w http.ResponseWriter, r *http.Request, route *string) error {
 		if id, _, ok := envdTarget(r); ok && s.forward(w, r, id) {
 			*route = "forwarded"
@@ -171,6 +188,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return edge.NoRoute(w, r, allowed)
 		}
 		*route = pattern
+		if rec := audit.From(r.Context()); rec != nil {
+			rec.Action = pattern
+			if !strings.Contains(pattern, " ") {
+				rec.Action = r.Method + " " + pattern
+			}
+			rec.Target = id
+		}
 		var err error
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), errSlotKey{}, &err))) // (sets the path values)
 		return err
@@ -187,7 +211,31 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, id string) bool
 	if err != nil {
 		return false
 	}
-	return s.cfg.Forwarder.Forward(w, r, sb.Node)
+	if s.cfg.Forwarder.Forward(w, r, sb.Node) {
+		if rec := audit.From(r.Context()); rec != nil {
+			rec.Forwarded = true // the node that served it records it
+		}
+		return true
+	}
+	return false
+}
+
+// readsOnly says an E2B request changes nothing though its method is not
+// GET: envd's Connect calls that list, stat, read or watch.
+func readsOnly(rec *audit.Request) bool {
+	_, method, ok := strings.Cut(rec.Action, "/")
+	if !ok {
+		return false
+	}
+	if i := strings.LastIndexByte(method, '/'); i >= 0 {
+		method = method[i+1:]
+	}
+	for _, p := range []string{"List", "Stat", "Get", "Watch", "Connect", "CreateWatcher", "RemoveWatcher"} {
+		if strings.HasPrefix(method, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // metricsTarget is the sandbox of a getMetrics request (its samples are

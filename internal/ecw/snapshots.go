@@ -62,7 +62,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errdefs.New(errdefs.InvalidArgument, "malformed query string")
 	}
-	q := store.SnapshotQuery{Limit: 100}
+	q := store.SnapshotQuery{Project: projectOf(r.Context()), Limit: 100}
 	for k, v := range vals {
 		if len(v) != 1 {
 			return errdefs.New(errdefs.InvalidArgument, "%s: give it once", k)
@@ -82,7 +82,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 			n, _, _ = strings.Cut(n, ":")
 			if ids.Valid(ids.Snapshot, n) {
 				snap, err := s.cfg.Engine.GetSnapshot(r.Context(), n)
-				if err != nil || snap.State != sandbox.SnapshotReady {
+				if err != nil || snap.State != sandbox.SnapshotReady || snap.Project != q.Project {
 					return edge.JSON(w, http.StatusOK, []snapshotInfo{})
 				}
 				return edge.JSON(w, http.StatusOK, []snapshotInfo{infoOf(snap)})
@@ -124,6 +124,9 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.InvalidArgument, "only snapshots can be deleted through the E2B API; use `space template rm` for templates")
 	}
 	if !ids.Valid(ids.Snapshot, id) {
+		return errdefs.New(errdefs.NotFound, "snapshot %q not found", id)
+	}
+	if snap, err := s.cfg.Engine.GetSnapshot(r.Context(), id); err == nil && snap.Project != projectOf(r.Context()) {
 		return errdefs.New(errdefs.NotFound, "snapshot %q not found", id)
 	}
 	if err := s.cfg.Engine.DeleteSnapshot(r.Context(), id); err != nil {

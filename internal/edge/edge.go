@@ -7,6 +7,9 @@
 package edge
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -34,6 +37,30 @@ type Edge struct {
 	Metrics  *metrics.Metrics // nil: none recorded
 	Log      *slog.Logger
 	Render   Render
+	// Finished, when set, is told of every request once it is answered:
+	// its status and the error its handler returned (nil for none); r is
+	// the request as it came in (its context holds what the listener put
+	// there before calling Serve).
+	Finished func(r *http.Request, status int, err error)
+}
+
+type requestIDKey struct{}
+
+// RequestID is the id the edge gave the request (its X-Request-Id).
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return id
+}
+
+// requestID keeps a client's X-Request-Id when it is short and plain, else
+// makes one.
+func requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); len(id) > 0 && len(id) <= 64 && strings.Trim(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") == "" {
+		return id
+	}
+	var b [12]byte
+	rand.Read(b[:])
+	return "req_" + hex.EncodeToString(b[:])
 }
 
 // Dispatch finds and runs the handler of a request. It names the route
@@ -48,6 +75,10 @@ func (e *Edge) Serve(w http.ResponseWriter, r *http.Request, dispatch Dispatch) 
 	start := time.Now()
 	sw := &metrics.StatusWriter{ResponseWriter: w}
 	route := "unmatched"
+	id := requestID(r)
+	w.Header().Set("X-Request-Id", id)
+	r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
+	var failed error
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
@@ -61,8 +92,12 @@ func (e *Edge) Serve(w http.ResponseWriter, r *http.Request, dispatch Dispatch) 
 		if e.Metrics != nil {
 			e.Metrics.ObserveRequest(e.Listener, route, r.Method, sw.Status, time.Since(start))
 		}
+		if e.Finished != nil {
+			e.Finished(r, sw.Status, failed)
+		}
 	}()
 	if err := dispatch(sw, r, &route); err != nil {
+		failed = err
 		if sw.Status != 0 {
 			// Too late to answer with an error: the status is out.
 			e.Log.Warn("request failed after its response began", "listener", e.Listener, "method", r.Method, "path", r.URL.Path, "err", err)

@@ -17,9 +17,9 @@ import (
 // succeeded when build returns nil, failed with its (client-safe) error
 // otherwise. A build interrupted by shutdown or a crash is failed at the
 // next start; builds leave nothing behind when they fail.
-func (e *Engine) StartBuild(ctx context.Context, ref string, render Render, build func(ctx context.Context) error) (*sandbox.Operation, error) {
+func (e *Engine) StartBuild(ctx context.Context, project, ref string, render Render, build func(ctx context.Context) error) (*sandbox.Operation, error) {
 	now := e.now()
-	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpBuild, Template: ref, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Project: project, Kind: sandbox.OpBuild, Template: ref, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	if err := e.store.CreateOperation(ctx, op, render.completion(nil, op)); err != nil {
 		return nil, fmt.Errorf("record build: %w", err)
 	}

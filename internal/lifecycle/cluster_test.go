@@ -202,7 +202,7 @@ func TestOrphanBuildsFailInACluster(t *testing.T) {
 	builder, other := newEngine(), newEngine()
 	release := make(chan struct{})
 	defer close(release)
-	op, err := builder.StartBuild(context.Background(), "mine:v1", nil, func(ctx context.Context) error {
+	op, err := builder.StartBuild(context.Background(), "", "mine:v1", nil, func(ctx context.Context) error {
 		select {
 		case <-release:
 		case <-ctx.Done():

@@ -346,7 +346,7 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 		// The snapshot's template by digest: its tag may have moved since.
 		tpl = snap.Template
 		req.Env = maps.Clone(snap.Env)
-		if sb, op := e.claim(ctx, req, snapshotPoolKey(snap), tpl, render); sb != nil {
+		if sb, op := e.claim(ctx, req, snapshotPoolKey(req.Project, snap), tpl, render); sb != nil {
 			return sb, op, nil
 		}
 	} else {
@@ -356,7 +356,7 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 			return nil, nil, fmt.Errorf("resolve template %s: %w", req.Template, err)
 		}
 		if *req.Resources == DefaultResources {
-			if sb, op := e.claim(ctx, req, poolKey(rtName, tpl.Digest, *req.Resources), tpl, render); sb != nil {
+			if sb, op := e.claim(ctx, req, poolKey(req.Project, rtName, tpl.Digest, *req.Resources), tpl, render); sb != nil {
 				return sb, op, nil
 			}
 		}
@@ -386,12 +386,12 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 	sb := &sandbox.Sandbox{
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: tpl, Runtime: rtName,
 		Resources: *req.Resources, Env: req.Env, Metadata: req.Metadata, AutoLifecycle: *req.AutoLifecycle, Network: req.Network,
-		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Node: node,
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Node: node, Project: req.Project,
 	}
 	if snap != nil {
 		sb.Snapshot = snap.ID // its environment came with req.Env
 	}
-	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Project: req.Project, Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	sb.ActiveOperation = op.ID
 	if err := e.store.CreateSandbox(ctx, sb, op, render.completion(sb, op), maxActive); err != nil {
 		return nil, nil, fmt.Errorf("record sandbox: %w", err)

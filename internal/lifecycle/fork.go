@@ -46,7 +46,7 @@ func (e *Engine) Fork(ctx context.Context, id string, count int, render ForkRend
 		f := &sandbox.Sandbox{
 			ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: src.Template, Runtime: src.Runtime,
 			Resources: src.Resources, Env: maps.Clone(src.Env), Metadata: maps.Clone(src.Metadata), AutoLifecycle: src.AutoLifecycle,
-			ForkOf: id, CreatedAt: now, UpdatedAt: now, LastActiveAt: now, ActiveOperation: op.ID, Node: src.Node,
+			ForkOf: id, CreatedAt: now, UpdatedAt: now, LastActiveAt: now, ActiveOperation: op.ID, Node: src.Node, Project: src.Project,
 		}
 		if src.Network != nil {
 			n := *src.Network

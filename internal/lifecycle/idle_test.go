@@ -151,12 +151,12 @@ func TestWarmPoolConcurrentClaims(t *testing.T) { synctest.Test(t, testWarmPoolC
 func testWarmPoolConcurrentClaims(t *testing.T) {
 	w := idleWorld(t, 0)
 	ctx := context.Background()
-	if _, err := w.eng.SetWarmPool(ctx, "seed:latest", 10); err != nil {
+	if _, err := w.eng.SetWarmPool(ctx, "", "seed:latest", 10); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		wp, _ := w.eng.WarmPool(ctx, "seed:latest")
+		wp, _ := w.eng.WarmPool(ctx, "", "seed:latest")
 		if wp.Ready == 10 {
 			break
 		}
@@ -214,7 +214,7 @@ func testWarmPoolConcurrentClaims(t *testing.T) {
 				running++
 			}
 		}
-		wp, _ := w.eng.WarmPool(ctx, "seed:latest")
+		wp, _ := w.eng.WarmPool(ctx, "", "seed:latest")
 		if running == 100 && wp.Ready == 10 {
 			break
 		}
@@ -245,11 +245,11 @@ func testDefaultWarmPool(t *testing.T) {
 	w := &world{dir: dir, store: st, rt: rt, eng: eng}
 	t.Cleanup(w.close)
 	ctx := context.Background()
-	if wp, _ := eng.WarmPool(ctx, "seed:latest"); wp.MinReady != 2 {
+	if wp, _ := eng.WarmPool(ctx, "", "seed:latest"); wp.MinReady != 2 {
 		t.Fatalf("default pool setting = %+v", wp)
 	}
 	waitPool(t, eng, "seed:latest", 2)
-	if _, err := eng.SetWarmPool(ctx, "seed:latest", 0); err != nil {
+	if _, err := eng.SetWarmPool(ctx, "", "seed:latest", 0); err != nil {
 		t.Fatal(err)
 	}
 	waitPool(t, eng, "seed:latest", 0)
@@ -261,7 +261,7 @@ func waitPool(t *testing.T, eng *lifecycle.Engine, ref string, ready int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		wp, _ := eng.WarmPool(context.Background(), ref)
+		wp, _ := eng.WarmPool(context.Background(), "", ref)
 		if wp.Ready == ready && wp.Starting == 0 {
 			return
 		}

@@ -25,32 +25,41 @@ import (
 // MaxWarmPool bounds one pool.
 const MaxWarmPool = 100
 
-func poolKey(runtime, digest string, r sandbox.Resources) string {
-	return fmt.Sprintf("%s|%s|%d/%d/%d", runtime, digest, r.VCPUs, r.MemoryMiB, r.DiskMiB)
+// poolKey names the pool a create of project claims from. Pools are per
+// project (a claimed sandbox is the project's); the default project's keys
+// are as they were before projects, so its pools survive an upgrade.
+func poolKey(project, runtime, digest string, r sandbox.Resources) string {
+	k := fmt.Sprintf("%s|%s|%d/%d/%d", runtime, digest, r.VCPUs, r.MemoryMiB, r.DiskMiB)
+	if project != "" && project != store.DefaultProject {
+		k = project + "|" + k
+	}
+	return k
 }
 
 // snapshotPoolKey is the pool of a snapshot tagged as a template: its
 // sandboxes start from the snapshot, with its runtime and resources.
-func snapshotPoolKey(snap *sandbox.Snapshot) string {
-	return poolKey(snap.Runtime, snap.ID, snap.Resources)
+func snapshotPoolKey(project string, snap *sandbox.Snapshot) string {
+	return poolKey(project, snap.Runtime, snap.ID, snap.Resources)
 }
 
 // pool is what a template reference's warm pool holds.
 type pool struct {
-	key  string
-	tpl  sandbox.TemplateRef
-	snap *sandbox.Snapshot // a snapshot tagged as the template, else nil
+	key     string
+	project string
+	tpl     sandbox.TemplateRef
+	snap    *sandbox.Snapshot // a snapshot tagged as the template, else nil
 }
 
-// poolOf finds what template reference ref starts: a snapshot tagged as
-// it, else the template store's template (default runtime and resources).
-func (e *Engine) poolOf(ctx context.Context, ref string) (pool, error) {
+// poolOf finds what template reference ref starts for project: a snapshot
+// tagged as it, else the template store's template (default runtime and
+// resources).
+func (e *Engine) poolOf(ctx context.Context, project, ref string) (pool, error) {
 	snap, err := e.taggedSnapshot(ctx, ref)
 	if err != nil {
 		return pool{}, err
 	}
 	if snap != nil {
-		return pool{key: snapshotPoolKey(snap), tpl: snap.Template, snap: snap}, nil
+		return pool{key: snapshotPoolKey(project, snap), project: project, tpl: snap.Template, snap: snap}, nil
 	}
 	if e.cfg.Templates == nil {
 		return pool{}, errdefs.New(errdefs.Unavailable, "no template store is configured")
@@ -59,34 +68,44 @@ func (e *Engine) poolOf(ctx context.Context, ref string) (pool, error) {
 	if err != nil {
 		return pool{}, err
 	}
-	return pool{key: poolKey(e.cfg.DefaultRuntime, tpl.Digest, DefaultResources), tpl: tpl}, nil
+	return pool{key: poolKey(project, e.cfg.DefaultRuntime, tpl.Digest, DefaultResources), project: project, tpl: tpl}, nil
 }
 
-// SetWarmPool sets how many ready sandboxes of template to keep (0 stops).
-func (e *Engine) SetWarmPool(ctx context.Context, template string, minReady int) (WarmPool, error) {
+// SetWarmPool sets how many ready sandboxes of template project keeps (0
+// stops), within the project's warm_pool quota.
+func (e *Engine) SetWarmPool(ctx context.Context, project, template string, minReady int) (WarmPool, error) {
 	if minReady < 0 || minReady > MaxWarmPool {
 		return WarmPool{}, errdefs.New(errdefs.InvalidArgument, "min_ready must be between 0 and %d", MaxWarmPool)
 	}
-	if _, err := e.poolOf(ctx, template); err != nil {
+	if _, err := e.poolOf(ctx, project, template); err != nil {
 		return WarmPool{}, err
 	}
-	if err := e.store.SetWarmPool(ctx, template, minReady); err != nil {
+	if err := e.store.SetWarmPool(ctx, store.PoolRef{Project: projectOr(project), Template: template}, minReady); err != nil {
 		return WarmPool{}, err
 	}
 	e.kickPools()
-	return e.WarmPool(ctx, template)
+	return e.WarmPool(ctx, project, template)
+}
+
+func projectOr(p string) string {
+	if p == "" {
+		return store.DefaultProject
+	}
+	return p
 }
 
 // warmPools is every pool's size: what was set through the API, and the
-// server's defaults for templates nobody set one for.
-func (e *Engine) warmPools(ctx context.Context) (map[string]int, error) {
+// server's defaults (the default project's) for templates nobody set one
+// for.
+func (e *Engine) warmPools(ctx context.Context) (map[store.PoolRef]int, error) {
 	pools, err := e.store.WarmPools(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for ref, n := range e.cfg.DefaultWarmPools {
-		if _, set := pools[ref]; !set {
-			pools[ref] = n
+		k := store.PoolRef{Project: store.DefaultProject, Template: ref}
+		if _, set := pools[k]; !set {
+			pools[k] = n
 		}
 	}
 	return pools, nil
@@ -100,14 +119,14 @@ type WarmPool struct {
 	Starting int    `json:"starting"`
 }
 
-// WarmPool reports a template's pool.
-func (e *Engine) WarmPool(ctx context.Context, template string) (WarmPool, error) {
+// WarmPool reports project's pool of a template.
+func (e *Engine) WarmPool(ctx context.Context, project, template string) (WarmPool, error) {
 	pools, err := e.warmPools(ctx)
 	if err != nil {
 		return WarmPool{}, err
 	}
-	wp := WarmPool{Template: template, MinReady: pools[template]}
-	if p, err := e.poolOf(ctx, template); err == nil {
+	wp := WarmPool{Template: template, MinReady: pools[store.PoolRef{Project: projectOr(project), Template: template}]}
+	if p, err := e.poolOf(ctx, project, template); err == nil {
 		sbs, err := e.store.PoolSandboxes(ctx, p.key)
 		if err != nil {
 			return wp, err
@@ -141,7 +160,7 @@ func (e *Engine) claim(ctx context.Context, req CreateRequest, key string, tpl s
 		sb.Template, sb.Env, sb.Metadata, sb.AutoLifecycle, sb.Network = tpl, req.Env, req.Metadata, *req.AutoLifecycle, req.Network
 		sb.CreatedAt, sb.LastActiveAt, sb.ExpiresAt = now, now, nil
 		sb.SetState(sandbox.Running, now) // its timeout starts now
-		op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpSucceeded,
+		op := &sandbox.Operation{ID: ids.New(ids.Operation), Project: sb.Project, Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpSucceeded,
 			CreatedAt: now, UpdatedAt: now, CompletedAt: &now}
 		c := *sb
 		c.Pool = ""
@@ -215,7 +234,7 @@ func (e *Engine) refill(ctx context.Context, thorough bool) {
 	}
 	live := map[string]bool{}
 	for ref, want := range pools {
-		p, err := e.poolOf(ctx, ref)
+		p, err := e.poolOf(ctx, ref.Project, ref.Template)
 		if err != nil {
 			continue
 		}
@@ -241,7 +260,7 @@ func (e *Engine) refill(ctx context.Context, thorough bool) {
 		}
 		for i := have; i < want; i++ {
 			if err := e.createPooled(ctx, p); err != nil {
-				e.log.Warn("refill warm pool", "template", ref, "err", err)
+				e.log.Warn("refill warm pool", "project", ref.Project, "template", ref.Template, "err", err)
 				break
 			}
 		}
@@ -292,12 +311,12 @@ func (e *Engine) createPooled(ctx context.Context, p pool) error {
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: p.tpl, Runtime: e.cfg.DefaultRuntime, Resources: DefaultResources,
 		Env: map[string]string{}, Metadata: map[string]string{}, AutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: "720h", IdleAction: "none"},
 		Network:   &sandbox.Network{Egress: "none", Allow: []string{}, Deny: []string{}}, // its user's policy comes with the claim
-		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: p.key, Node: e.cfg.Node,
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: p.key, Node: e.cfg.Node, Project: projectOr(p.project),
 	}
 	if s := p.snap; s != nil {
 		sb.Snapshot, sb.Runtime, sb.Resources, sb.Env = s.ID, s.Runtime, s.Resources, maps.Clone(s.Env)
 	}
-	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Project: sb.Project, Kind: sandbox.OpCreate, SandboxID: sb.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	sb.ActiveOperation = op.ID
 	if err := e.store.CreateSandbox(ctx, sb, op, nil, e.cfg.MaxActiveSandboxes); err != nil {
 		return err

@@ -26,6 +26,9 @@ type CreateRequest struct {
 	// template: it gets the snapshot's template, runtime, resources and
 	// environment.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Project is the project the sandbox belongs to (the caller's; "": the
+	// default project). It chooses the warm pools a create may claim from.
+	Project string `json:"-"`
 }
 
 // Limits bound what a create may ask for.

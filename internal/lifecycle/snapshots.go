@@ -44,7 +44,7 @@ func (e *Engine) CreateSnapshot(ctx context.Context, id, name string, render Sna
 	snap := &sandbox.Snapshot{
 		ID: ids.New(ids.Snapshot), Name: name, SandboxID: id, State: sandbox.SnapshotCreating,
 		Template: src.Template, Runtime: src.Runtime, Resources: src.Resources, Env: maps.Clone(src.Env),
-		CreatedAt: now, UpdatedAt: now, Node: src.Node,
+		CreatedAt: now, UpdatedAt: now, Node: src.Node, Project: src.Project,
 	}
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: sandbox.OpSnapshot, SandboxID: id, Snapshot: snap.ID, State: sandbox.OpPending, CreatedAt: now, UpdatedAt: now}
 	snap.OperationID = op.ID

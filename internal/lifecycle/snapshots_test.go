@@ -198,7 +198,7 @@ func testSnapshotAsTemplate(t *testing.T) {
 		t.Fatalf("create of the tagged template with env: %v", err)
 	}
 	// Its warm pool: ready copies of the snapshot, claimed by a create.
-	if _, err := w.eng.SetWarmPool(ctx, "missingwarm", 2); err != nil {
+	if _, err := w.eng.SetWarmPool(ctx, "", "missingwarm", 2); err != nil {
 		t.Fatal(err)
 	}
 	waitPool(t, w.eng, "missingwarm", 2)

@@ -79,7 +79,9 @@ type ErrorInfo struct {
 
 // Sandbox is the durable record of one sandbox.
 type Sandbox struct {
-	ID            string            `json:"id"`
+	ID string `json:"id"`
+	// Project is the project the sandbox belongs to.
+	Project       string            `json:"project"`
 	State         State             `json:"state"`
 	Template      TemplateRef       `json:"template"`
 	Runtime       string            `json:"runtime"`
@@ -154,7 +156,9 @@ func (s OpState) Terminal() bool { return s == OpSucceeded || s == OpFailed }
 
 // Operation is the durable record of one asynchronous lifecycle change.
 type Operation struct {
-	ID        string `json:"id"`
+	ID string `json:"id"`
+	// Project is the project of the operation's sandbox (or template).
+	Project   string `json:"project"`
 	Kind      OpKind `json:"kind"`
 	SandboxID string `json:"sandbox_id,omitempty"`
 	// Template is the name:tag a build operation makes.
@@ -228,6 +232,7 @@ const (
 // created from it start where it was taken.
 type Snapshot struct {
 	ID        string        `json:"id"`
+	Project   string        `json:"project"`
 	Name      string        `json:"name,omitempty"`
 	SandboxID string        `json:"sandbox_id"`
 	State     SnapshotState `json:"state"`

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/api"
+	"github.com/spacesandbox/space/internal/audit"
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/blobstore"
 	"github.com/spacesandbox/space/internal/cluster"
@@ -114,7 +115,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		log.Info("suspend snapshots are kept in the blob store", "blob_store", bs.String())
 	}
 
-	tokens := auth.New(st)
+	tokens := auth.New(st, st)
 	if v := os.Getenv(auth.AdminTokenEnv); v != "" {
 		if made, err := tokens.EnsureToken(ctx, "admin ("+auth.AdminTokenEnv+")", strings.TrimSpace(v)); err != nil {
 			return fmt.Errorf("register the admin token of %s: %w", auth.AdminTokenEnv, err)
@@ -186,6 +187,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	m := metrics.New()
 	m.WatchSandboxes(st)
+	m.WatchProjects(st)
 	if netMgr != nil {
 		m.WatchNetwork(netMgr)
 	}
@@ -287,7 +289,13 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		defer samplerWG.Wait()
 		defer stopSampler()
 	}
-	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID, DataDir: cfg.DataDir, Usage: sampler}
+	// Every authenticated change is audited; the rate of each token is
+	// bounded across the listeners of this process.
+	auditLog := audit.New(st, log)
+	defer auditLog.Close(context.Background())
+	limiter := auth.NewLimiter()
+	acfg := api.Config{Engine: eng, Commands: cmds, Store: st, Tokens: tokens, Metrics: m, Logger: log, BootID: bootID, DataDir: cfg.DataDir, Usage: sampler,
+		Projects: st, Audit: auditLog, Limiter: limiter}
 	if clu != nil {
 		fwd := clu.APIForwarder()
 		if cfg.ProxyDataPlane {
@@ -332,7 +340,8 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 			return fmt.Errorf("listen on %s (--ecw-addr; empty turns the E2B layer off): %w", cfg.ECWAddr, err)
 		}
 		ecwAddr = ln.Addr().String()
-		ecfg := ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log, Ingress: ing, Domain: cfg.SandboxDomain, Usage: sampler}
+		ecfg := ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log, Ingress: ing, Domain: cfg.SandboxDomain, Usage: sampler,
+			Owners: st, Audit: auditLog, Limiter: limiter}
 		if clu != nil {
 			ecfg.Forwarder = clu.ECWForwarder()
 		}

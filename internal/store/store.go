@@ -28,6 +28,8 @@ type Store interface {
 	Tokens
 	TemplateRefs
 	Members
+	Projects
+	Audit
 	// Ping checks the database answers a read (readiness).
 	Ping(ctx context.Context) error
 	Close() error
@@ -110,6 +112,7 @@ type Snapshots interface {
 
 // SnapshotQuery selects a page of snapshots.
 type SnapshotQuery struct {
+	Project   string // empty: every project
 	SandboxID string // empty: all
 	Name      string // empty: any
 	Cursor    string
@@ -128,10 +131,17 @@ type Pools interface {
 	// PoolKeys lists the pools that have sandboxes (in any state but
 	// deleted).
 	PoolKeys(ctx context.Context) ([]string, error)
-	// SetWarmPool records how many ready sandboxes of a template to keep
-	// (0 drains the pool); WarmPools lists the settings.
-	SetWarmPool(ctx context.Context, template string, minReady int) error
-	WarmPools(ctx context.Context) (map[string]int, error)
+	// SetWarmPool records how many ready sandboxes of a template project
+	// keeps (0 drains the pool), within the project's warm_pool quota;
+	// WarmPools lists the settings.
+	SetWarmPool(ctx context.Context, pool PoolRef, minReady int) error
+	WarmPools(ctx context.Context) (map[PoolRef]int, error)
+}
+
+// PoolRef names a warm pool: a project's pool of a template.
+type PoolRef struct {
+	Project  string
+	Template string
 }
 
 // Idempotency records idempotency keys and the responses they replay.
@@ -252,6 +262,13 @@ type NodeLoad struct {
 // TemplateRefs says which templates the recorded sandboxes were made from,
 // so template garbage collection keeps them.
 type TemplateRefs interface {
+	// ClaimTemplate records that project builds template name (counted
+	// against its templates quota the first time); Conflict when another
+	// project owns the name.
+	ClaimTemplate(ctx context.Context, project, name string, at time.Time) error
+	// TemplateOwners maps every template name a project built to its
+	// project; a name missing is shared (builtin, or built before projects).
+	TemplateOwners(ctx context.Context) (map[string]string, error)
 	// TemplatesInUse returns the template digests of every sandbox that is
 	// not deleted (warm-pool sandboxes and failed ones included) and of
 	// every snapshot.
@@ -266,8 +283,9 @@ type Tokens interface {
 	TokenByHash(ctx context.Context, h string) (*Token, error)
 	// TokenByID returns the token with id, errdefs.NotFound when none.
 	TokenByID(ctx context.Context, id string) (*Token, error)
-	// ListTokens returns every token, revoked ones included.
-	ListTokens(ctx context.Context) ([]Token, error)
+	// ListTokens returns every token of project ("": of every project),
+	// revoked ones included.
+	ListTokens(ctx context.Context, project string) ([]Token, error)
 	// RevokeToken marks a token revoked; NotFound when there is none.
 	RevokeToken(ctx context.Context, id string, at time.Time) error
 }
@@ -311,9 +329,11 @@ type SandboxCount struct {
 
 // SandboxQuery selects a page of sandboxes.
 type SandboxQuery struct {
-	State  sandbox.State // empty: every state but deleted
-	Cursor string
-	Limit  int
+	// Project, when set, lists only that project's sandboxes.
+	Project string
+	State   sandbox.State // empty: every state but deleted
+	Cursor  string
+	Limit   int
 	// IncludePool lists warm-pool sandboxes too (the engine's own sweeps).
 	IncludePool bool
 	// Node, when set, lists only the sandboxes on that node.
@@ -347,6 +367,7 @@ func EachSandboxOn(ctx context.Context, st Sandboxes, node *string, state sandbo
 
 // OperationQuery selects a page of operations.
 type OperationQuery struct {
+	Project   string // empty: every project
 	SandboxID string // empty: all
 	Cursor    string
 	Limit     int
@@ -395,8 +416,45 @@ type Token struct {
 	ID        string
 	Name      string
 	Hash      string // hex sha256 of the token value
+	Project   string
+	Role      Role
 	CreatedAt time.Time
+	// ExpiresAt, when set, is when the token stops working.
+	ExpiresAt *time.Time
 	RevokedAt *time.Time
+	// RatePerSec and Burst bound the token's requests (0: no bound).
+	RatePerSec float64
+	Burst      int
+}
+
+// Role is what a token may do in its project.
+type Role string
+
+// The roles, from most to least allowed. An owner manages the server's
+// projects (and anything an admin may do in its own project); an admin its
+// project's tokens, quotas within the owner's, warm pools and templates; a
+// member its sandboxes, commands and files; read-only lists, reads files and
+// attaches to output.
+const (
+	RoleOwner    Role = "owner"
+	RoleAdmin    Role = "admin"
+	RoleMember   Role = "member"
+	RoleReadOnly Role = "read-only"
+)
+
+// Rank orders roles (0: not a role).
+func (r Role) Rank() int {
+	switch r {
+	case RoleOwner:
+		return 4
+	case RoleAdmin:
+		return 3
+	case RoleMember:
+		return 2
+	case RoleReadOnly:
+		return 1
+	}
+	return 0
 }
 
 // Limits for list pages.

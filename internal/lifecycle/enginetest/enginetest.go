@@ -46,7 +46,7 @@ func New() *Engine {
 func (f *Engine) Add(state sandbox.State) *sandbox.Sandbox {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	sb := &sandbox.Sandbox{ID: ids.New(ids.Sandbox), State: state, Runtime: "fake", CreatedAt: time.Now().UTC(),
+	sb := &sandbox.Sandbox{ID: ids.New(ids.Sandbox), Project: store.DefaultProject, State: state, Runtime: "fake", CreatedAt: time.Now().UTC(),
 		Template: sandbox.TemplateRef{Ref: "seed:latest", Digest: "sha256:0"}}
 	f.sbs[sb.ID] = sb
 	return sb
@@ -63,7 +63,7 @@ func (f *Engine) find(id string) (*sandbox.Sandbox, error) {
 
 // op records an operation that already succeeded.
 func (f *Engine) op(kind sandbox.OpKind, sbID string) *sandbox.Operation {
-	op := &sandbox.Operation{ID: ids.New(ids.Operation), Kind: kind, SandboxID: sbID, State: sandbox.OpSucceeded, CreatedAt: time.Now().UTC()}
+	op := &sandbox.Operation{ID: ids.New(ids.Operation), Project: store.DefaultProject, Kind: kind, SandboxID: sbID, State: sandbox.OpSucceeded, CreatedAt: time.Now().UTC()}
 	f.ops[op.ID] = op
 	return op
 }
@@ -97,7 +97,7 @@ func (f *Engine) List(ctx context.Context, q store.SandboxQuery) (store.Page[san
 	defer f.mu.Unlock()
 	var p store.Page[sandbox.Sandbox]
 	for _, sb := range f.sbs {
-		if q.State == "" || sb.State == q.State {
+		if (q.State == "" || sb.State == q.State) && (q.Project == "" || sb.Project == q.Project) {
 			p.Items = append(p.Items, *sb)
 		}
 	}
@@ -187,7 +187,7 @@ func (f *Engine) CreateSnapshot(ctx context.Context, id, name string, _ lifecycl
 		return nil, nil, errdefs.Wrap(errdefs.FailedPrecondition, err, "%v", err)
 	}
 	now := time.Now().UTC()
-	snap := &sandbox.Snapshot{ID: ids.New(ids.Snapshot), Name: name, SandboxID: id, State: sandbox.SnapshotReady, Template: src.Template,
+	snap := &sandbox.Snapshot{ID: ids.New(ids.Snapshot), Project: src.Project, Name: name, SandboxID: id, State: sandbox.SnapshotReady, Template: src.Template,
 		Runtime: src.Runtime, Resources: src.Resources, SizeBytes: 4096, CreatedAt: now, UpdatedAt: now}
 	op := f.op(sandbox.OpSnapshot, id)
 	op.Snapshot, snap.OperationID = snap.ID, op.ID
@@ -273,21 +273,21 @@ func (f *Engine) Operations(ctx context.Context, q store.OperationQuery) (store.
 	return store.Page[sandbox.Operation]{}, nil
 }
 
-func (f *Engine) StartBuild(ctx context.Context, ref string, _ lifecycle.Render, build func(ctx context.Context) error) (*sandbox.Operation, error) {
+func (f *Engine) StartBuild(ctx context.Context, project, ref string, _ lifecycle.Render, build func(ctx context.Context) error) (*sandbox.Operation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.op(sandbox.OpBuild, ""), nil
 }
 
-func (f *Engine) WarmPool(ctx context.Context, template string) (lifecycle.WarmPool, error) {
+func (f *Engine) WarmPool(ctx context.Context, project, template string) (lifecycle.WarmPool, error) {
 	if template != "seed:latest" {
 		return lifecycle.WarmPool{}, errdefs.New(errdefs.NotFound, "template %s not found", template)
 	}
 	return lifecycle.WarmPool{Template: template}, nil
 }
 
-func (f *Engine) SetWarmPool(ctx context.Context, template string, minReady int) (lifecycle.WarmPool, error) {
-	if _, err := f.WarmPool(ctx, template); err != nil {
+func (f *Engine) SetWarmPool(ctx context.Context, project, template string, minReady int) (lifecycle.WarmPool, error) {
+	if _, err := f.WarmPool(ctx, project, template); err != nil {
 		return lifecycle.WarmPool{}, err
 	}
 	return lifecycle.WarmPool{Template: template, MinReady: minReady}, nil
@@ -386,7 +386,7 @@ func NewWorld(t testing.TB) *World {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	tokens := auth.New(st)
+	tokens := auth.New(st, st)
 	tok, key, err := tokens.Create(context.Background(), "test")
 	if err != nil {
 		t.Fatal(err)

@@ -88,4 +88,50 @@ CREATE TABLE members (
 	doc          TEXT NOT NULL
 );
 `,
+	// 6: projects: every record belongs to one; tokens have a project, a
+	// role, an expiry and a rate; warm pools are per project; the template
+	// names a project built; the audit log.
+	`
+CREATE TABLE projects (
+	name       TEXT PRIMARY KEY,
+	created_at INTEGER NOT NULL,
+	doc        TEXT NOT NULL
+);
+INSERT INTO projects(name, created_at, doc) VALUES ('default', 0, '{"name":"default","quotas":{},"created_at":"1970-01-01T00:00:00Z"}');
+ALTER TABLE sandboxes ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX sandboxes_project ON sandboxes(project, state, seq);
+ALTER TABLE operations ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX operations_project ON operations(project, seq);
+ALTER TABLE snapshots ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX snapshots_project ON snapshots(project, seq);
+ALTER TABLE tokens ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'owner';
+ALTER TABLE tokens ADD COLUMN expires_at INTEGER;
+ALTER TABLE tokens ADD COLUMN rate_per_sec REAL NOT NULL DEFAULT 0;
+ALTER TABLE tokens ADD COLUMN burst INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE warm_pools_p (
+	project    TEXT NOT NULL,
+	template   TEXT NOT NULL,
+	min_ready  INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (project, template)
+);
+INSERT INTO warm_pools_p(project, template, min_ready, updated_at) SELECT 'default', template, min_ready, updated_at FROM warm_pools;
+DROP TABLE warm_pools;
+ALTER TABLE warm_pools_p RENAME TO warm_pools;
+CREATE TABLE template_owners (
+	name       TEXT PRIMARY KEY,
+	project    TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+CREATE TABLE audit (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	at         INTEGER NOT NULL,
+	project    TEXT NOT NULL,
+	token_id   TEXT NOT NULL,
+	action     TEXT NOT NULL,
+	doc        TEXT NOT NULL
+);
+CREATE INDEX audit_project ON audit(project, seq);
+`,
 }

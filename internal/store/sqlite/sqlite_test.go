@@ -59,7 +59,7 @@ func TestFilesArePrivate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ListTokens(context.Background()); err != nil {
+	if _, err := s.ListTokens(context.Background(), ""); err != nil {
 		t.Fatal(err)
 	}
 	check := func() {
@@ -82,6 +82,6 @@ func TestFilesArePrivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	s.ListTokens(context.Background())
+	s.ListTokens(context.Background(), "")
 	check()
 }

@@ -29,6 +29,9 @@ func (s *Store) ClaimPoolSandbox(ctx context.Context, pool string, claim func(*s
 		if sb, err = getSandbox(ctx, tx, id); err != nil {
 			return err
 		}
+		if err := admit(ctx, tx, sb.Project, sandboxUsage(sb, sandbox.Running)); err != nil {
+			return err
+		}
 		var idem *store.Completion
 		if op, idem, err = claim(sb); err != nil {
 			return err
@@ -91,30 +94,44 @@ func (s *Store) PoolSandboxes(ctx context.Context, pool string) ([]sandbox.Sandb
 	return out, nil
 }
 
-func (s *Store) SetWarmPool(ctx context.Context, template string, minReady int) error {
-	// A pool set to 0 is kept (at 0) so its sandboxes are drained.
-	_, err := s.w.ExecContext(ctx, `INSERT INTO warm_pools(template, min_ready, updated_at) VALUES (?, ?, ?) ON CONFLICT(template) DO UPDATE SET min_ready = excluded.min_ready, updated_at = excluded.updated_at`,
-		template, max(minReady, 0), time.Now().UnixNano())
-	if err != nil {
-		return fmt.Errorf("set warm pool: %w", err)
-	}
-	return nil
+func (s *Store) SetWarmPool(ctx context.Context, pool store.PoolRef, minReady int) error {
+	minReady = max(minReady, 0)
+	return s.tx(ctx, func(tx *tx) error {
+		var was int
+		err := tx.QueryRowContext(ctx, `SELECT min_ready FROM warm_pools WHERE project = ? AND template = ?`, pool.Project, pool.Template).Scan(&was)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("read warm pool: %w", err)
+		}
+		if minReady > was {
+			if err := admit(ctx, tx, pool.Project, store.Usage{WarmPool: minReady - was}); err != nil {
+				return err
+			}
+		}
+		// A pool set to 0 is kept (at 0) so its sandboxes are drained.
+		_, err = tx.ExecContext(ctx, `INSERT INTO warm_pools(project, template, min_ready, updated_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT(project, template) DO UPDATE SET min_ready = excluded.min_ready, updated_at = excluded.updated_at`,
+			pool.Project, pool.Template, minReady, time.Now().UnixNano())
+		if err != nil {
+			return fmt.Errorf("set warm pool: %w", err)
+		}
+		return nil
+	})
 }
 
-func (s *Store) WarmPools(ctx context.Context) (map[string]int, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT template, min_ready FROM warm_pools`)
+func (s *Store) WarmPools(ctx context.Context) (map[store.PoolRef]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT project, template, min_ready FROM warm_pools`)
 	if err != nil {
 		return nil, fmt.Errorf("list warm pools: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]int{}
+	out := map[store.PoolRef]int{}
 	for rows.Next() {
-		var t string
+		var p store.PoolRef
 		var n int
-		if err := rows.Scan(&t, &n); err != nil {
+		if err := rows.Scan(&p.Project, &p.Template, &n); err != nil {
 			return nil, err
 		}
-		out[t] = n
+		out[p] = n
 	}
 	return out, rows.Err()
 }

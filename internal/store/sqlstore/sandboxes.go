@@ -20,6 +20,11 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sand
 		if err := checkActive(ctx, tx, sb.Node, maxActive, 1); err != nil {
 			return err
 		}
+		if sb.Pool == "" {
+			if err := admit(ctx, tx, projectOr(sb.Project), sandboxUsage(sb, sandbox.Starting)); err != nil {
+				return err
+			}
+		}
 		if err := insertSandbox(ctx, tx, sb); err != nil {
 			return err
 		}
@@ -38,6 +43,17 @@ func (s *Store) BeginFork(ctx context.Context, op *sandbox.Operation, forks []*s
 		}
 		if err := checkActive(ctx, tx, node, maxActive, len(forks)); err != nil {
 			return err
+		}
+		var more store.Usage
+		for _, f := range forks {
+			u := sandboxUsage(f, sandbox.Starting)
+			more.Sandboxes, more.RunningSandboxes, more.VCPUs = more.Sandboxes+u.Sandboxes, more.RunningSandboxes+u.RunningSandboxes, more.VCPUs+u.VCPUs
+			more.MemoryMiB, more.DiskMiB = more.MemoryMiB+u.MemoryMiB, more.DiskMiB+u.DiskMiB
+		}
+		if len(forks) > 0 {
+			if err := admit(ctx, tx, projectOr(forks[0].Project), more); err != nil {
+				return err
+			}
 		}
 		for _, f := range forks {
 			if err := insertSandbox(ctx, tx, f); err != nil {
@@ -86,11 +102,14 @@ func (s *Store) CreateOperation(ctx context.Context, op *sandbox.Operation, idem
 }
 
 func insertSandbox(ctx context.Context, tx *tx, sb *sandbox.Sandbox) error {
+	if sb.Project == "" {
+		sb.Project = store.DefaultProject
+	}
 	doc, err := json.Marshal(sb)
 	if err != nil {
 		return fmt.Errorf("encode sandbox: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, pool, node, doc) VALUES (?, ?, ?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, sb.Pool, sb.Node, doc)
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, active_op, pool, node, project, doc) VALUES (?, ?, ?, ?, ?, ?, ?)`, sb.ID, sb.State, sb.ActiveOperation, sb.Pool, sb.Node, sb.Project, doc)
 	if err != nil {
 		if tx.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "sandbox %s already exists", sb.ID)
@@ -101,11 +120,14 @@ func insertSandbox(ctx context.Context, tx *tx, sb *sandbox.Sandbox) error {
 }
 
 func insertOperation(ctx context.Context, tx *tx, op *sandbox.Operation) error {
+	if op.Project == "" {
+		op.Project = store.DefaultProject
+	}
 	doc, err := json.Marshal(op)
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO operations(id, sandbox_id, state, from_state, doc) VALUES (?, ?, ?, ?, ?)`, op.ID, op.SandboxID, op.State, op.From, doc)
+	_, err = tx.ExecContext(ctx, `INSERT INTO operations(id, sandbox_id, state, from_state, project, doc) VALUES (?, ?, ?, ?, ?, ?)`, op.ID, op.SandboxID, op.State, op.From, op.Project, doc)
 	if err != nil {
 		if tx.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "operation %s already exists", op.ID)
@@ -161,6 +183,7 @@ func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, er
 		return nil, fmt.Errorf("decode sandbox %s: %w", id, err)
 	}
 	sb.ActiveOperation, sb.Pool = active, pool
+	sb.Project = projectOr(sb.Project)
 	return &sb, nil
 }
 
@@ -179,6 +202,7 @@ func getOperation(ctx context.Context, q querier, id string) (*sandbox.Operation
 		return nil, fmt.Errorf("decode operation %s: %w", id, err)
 	}
 	op.From = sandbox.State(from)
+	op.Project = projectOr(op.Project)
 	return &op, nil
 }
 
@@ -207,6 +231,9 @@ func (s *Store) ListSandboxes(ctx context.Context, q store.SandboxQuery) (store.
 	if q.Node != nil {
 		where, args = where+` AND node = ?`, append(args, *q.Node)
 	}
+	if q.Project != "" {
+		where, args = where+` AND project = ?`, append(args, q.Project)
+	}
 	args = append(args, q.IncludePool, after, limit+1)
 	rows, err := s.r.QueryContext(ctx, `SELECT seq, doc, active_op, pool FROM sandboxes WHERE `+where+` AND (pool = '' OR ?) AND seq > ? ORDER BY seq LIMIT ?`, args...)
 	if err != nil {
@@ -230,6 +257,7 @@ func (s *Store) ListSandboxes(ctx context.Context, q store.SandboxQuery) (store.
 			return page, fmt.Errorf("decode sandbox: %w", err)
 		}
 		sb.ActiveOperation, sb.Pool = active, pool
+		sb.Project = projectOr(sb.Project)
 		page.Items = append(page.Items, sb)
 		lastSeq = seq
 	}
@@ -247,9 +275,12 @@ func (s *Store) ListOperations(ctx context.Context, q store.OperationQuery) (sto
 		return page, err
 	}
 	var rows *sql.Rows
-	if q.SandboxID != "" {
-		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, from_state FROM operations WHERE sandbox_id = ? AND seq > ? ORDER BY seq LIMIT ?`, q.SandboxID, after, limit+1)
-	} else {
+	switch {
+	case q.SandboxID != "":
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, from_state FROM operations WHERE sandbox_id = ? AND (? = '' OR project = ?) AND seq > ? ORDER BY seq LIMIT ?`, q.SandboxID, q.Project, q.Project, after, limit+1)
+	case q.Project != "":
+		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, from_state FROM operations WHERE project = ? AND seq > ? ORDER BY seq LIMIT ?`, q.Project, after, limit+1)
+	default:
 		rows, err = s.r.QueryContext(ctx, `SELECT seq, doc, from_state FROM operations WHERE seq > ? ORDER BY seq LIMIT ?`, after, limit+1)
 	}
 	if err != nil {
@@ -273,6 +304,7 @@ func (s *Store) ListOperations(ctx context.Context, q store.OperationQuery) (sto
 			return page, fmt.Errorf("decode operation: %w", err)
 		}
 		op.From = sandbox.State(from)
+		op.Project = projectOr(op.Project)
 		page.Items = append(page.Items, op)
 		lastSeq = seq
 	}
@@ -306,6 +338,7 @@ func (s *Store) UnfinishedOperations(ctx context.Context, node string) ([]sandbo
 			return nil, fmt.Errorf("decode operation: %w", err)
 		}
 		op.From = sandbox.State(from)
+		op.Project = projectOr(op.Project)
 		ops = append(ops, op)
 	}
 	return ops, rows.Err()
@@ -330,9 +363,21 @@ func (s *Store) begin(ctx context.Context, op *sandbox.Operation, decide func(*s
 		if err != nil {
 			return err
 		}
+		op.Project = sb.Project // an operation is its sandbox's project's
+		// A wake brings a sandbox at rest back into memory: its project's
+		// quotas admit it here, with the state it wakes from.
+		wake := store.Usage{}
+		if op.Kind == sandbox.OpWake {
+			wake = wakeUsage(sb)
+		}
 		idem, err := decide(sb, op)
 		if err != nil {
 			return err
+		}
+		if wake != (store.Usage{}) {
+			if err := admit(ctx, tx, sb.Project, wake); err != nil {
+				return err
+			}
 		}
 		if err := updateSandbox(ctx, tx, sb); err != nil {
 			return err

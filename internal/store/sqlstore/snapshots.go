@@ -16,10 +16,18 @@ import (
 )
 
 func (s *Store) BeginSnapshot(ctx context.Context, op *sandbox.Operation, snap *sandbox.Snapshot, decide func(*sandbox.Sandbox, *sandbox.Operation) (*store.Completion, error)) (*sandbox.Sandbox, error) {
-	return s.begin(ctx, op, decide, func(tx *tx) error { return writeSnapshot(ctx, tx, snap, true) })
+	return s.begin(ctx, op, decide, func(tx *tx) error {
+		// A snapshot's size is known only once it is saved: a project at
+		// its snapshot quota takes no new one.
+		if err := admit(ctx, tx, projectOr(snap.Project), store.Usage{SnapshotMiB: 1}); err != nil {
+			return err
+		}
+		return writeSnapshot(ctx, tx, snap, true)
+	})
 }
 
 func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert bool) error {
+	snap.Project = projectOr(snap.Project)
 	doc, err := json.Marshal(snap)
 	if err != nil {
 		return fmt.Errorf("encode snapshot: %w", err)
@@ -29,7 +37,7 @@ func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert b
 		tag = snap.Tag
 	}
 	if insert {
-		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, name, state, tag, doc) VALUES (?, ?, ?, ?, ?, ?)`, snap.ID, snap.SandboxID, snap.Name, snap.State, tag, doc)
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, name, state, tag, project, doc) VALUES (?, ?, ?, ?, ?, ?, ?)`, snap.ID, snap.SandboxID, snap.Name, snap.State, tag, snap.Project, doc)
 		if tx.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "snapshot %s already exists", snap.ID)
 		}
@@ -43,7 +51,11 @@ func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert b
 }
 
 func getSnapshot(ctx context.Context, q querier, id string) (*sandbox.Snapshot, error) {
-	return getDoc[sandbox.Snapshot](ctx, q, "snapshots", "snapshot", id)
+	snap, err := getDoc[sandbox.Snapshot](ctx, q, "snapshots", "snapshot", id)
+	if err == nil {
+		snap.Project = projectOr(snap.Project)
+	}
+	return snap, err
 }
 
 // getDoc reads the JSON document of row id of table (a constant of this
@@ -78,28 +90,39 @@ func (s *Store) ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store
 	if err != nil {
 		return page, err
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT seq, doc FROM snapshots WHERE (? = '' OR sandbox_id = ?) AND (? = '' OR name = ?) AND seq > ? ORDER BY seq LIMIT ?`,
-		q.SandboxID, q.SandboxID, q.Name, q.Name, after, limit+1)
+	rows, err := s.r.QueryContext(ctx, `SELECT seq, doc FROM snapshots WHERE (? = '' OR sandbox_id = ?) AND (? = '' OR name = ?) AND (? = '' OR project = ?) AND seq > ? ORDER BY seq LIMIT ?`,
+		q.SandboxID, q.SandboxID, q.Name, q.Name, q.Project, q.Project, after, limit+1)
 	if err != nil {
 		return page, fmt.Errorf("list snapshots: %w", err)
 	}
+	return docPage(rows, limit, "snapshot", func(snap *sandbox.Snapshot) { snap.Project = projectOr(snap.Project) })
+}
+
+// docPage reads a page of (seq, doc) rows asked for with limit+1: at most
+// limit items (each given to fix, when set), and the next page's cursor
+// when the extra row came.
+func docPage[T any](rows *sql.Rows, limit int, what string, fix func(*T)) (store.Page[T], error) {
 	defer rows.Close()
+	var page store.Page[T]
 	var lastSeq int64
 	for rows.Next() {
 		var seq int64
 		var doc []byte
 		if err := rows.Scan(&seq, &doc); err != nil {
-			return page, fmt.Errorf("scan snapshot: %w", err)
+			return page, fmt.Errorf("scan %s: %w", what, err)
 		}
 		if len(page.Items) == limit {
 			page.Next = store.EncodeCursor(lastSeq)
 			break
 		}
-		var snap sandbox.Snapshot
-		if err := json.Unmarshal(doc, &snap); err != nil {
-			return page, fmt.Errorf("decode snapshot: %w", err)
+		var v T
+		if err := json.Unmarshal(doc, &v); err != nil {
+			return page, fmt.Errorf("decode %s: %w", what, err)
 		}
-		page.Items = append(page.Items, snap)
+		if fix != nil {
+			fix(&v)
+		}
+		page.Items = append(page.Items, v)
 		lastSeq = seq
 	}
 	return page, rows.Err()

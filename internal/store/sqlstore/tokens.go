@@ -14,7 +14,18 @@ import (
 )
 
 func (s *Store) CreateToken(ctx context.Context, t *store.Token) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO tokens(id, name, hash, created_at) VALUES (?, ?, ?, ?)`, t.ID, t.Name, t.Hash, t.CreatedAt.UnixNano())
+	if t.Project == "" {
+		t.Project = store.DefaultProject
+	}
+	if t.Role == "" {
+		t.Role = store.RoleOwner
+	}
+	var expires any // NULL: never
+	if t.ExpiresAt != nil {
+		expires = t.ExpiresAt.UnixNano()
+	}
+	_, err := s.w.ExecContext(ctx, `INSERT INTO tokens(id, name, hash, created_at, project, role, expires_at, rate_per_sec, burst) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		t.ID, t.Name, t.Hash, t.CreatedAt.UnixNano(), t.Project, t.Role, expires, t.RatePerSec, t.Burst)
 	if err != nil {
 		if s.d.IsUnique(err) {
 			return errdefs.Wrap(errdefs.Conflict, err, "token already exists")
@@ -24,14 +35,20 @@ func (s *Store) CreateToken(ctx context.Context, t *store.Token) error {
 	return nil
 }
 
+const tokenColumns = `id, name, hash, created_at, revoked_at, project, role, expires_at, rate_per_sec, burst`
+
 func scanToken(scan func(...any) error) (*store.Token, error) {
 	var t store.Token
 	var created int64
-	var revoked sql.NullInt64
-	if err := scan(&t.ID, &t.Name, &t.Hash, &created, &revoked); err != nil {
+	var revoked, expires sql.NullInt64
+	if err := scan(&t.ID, &t.Name, &t.Hash, &created, &revoked, &t.Project, &t.Role, &expires, &t.RatePerSec, &t.Burst); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()
+	if expires.Valid {
+		e := time.Unix(0, expires.Int64).UTC()
+		t.ExpiresAt = &e
+	}
 	if revoked.Valid {
 		r := time.Unix(0, revoked.Int64).UTC()
 		t.RevokedAt = &r
@@ -50,7 +67,7 @@ func (s *Store) TokenByID(ctx context.Context, id string) (*store.Token, error) 
 // tokenWhere reads the token whose column (hash or id: never user input)
 // equals v.
 func (s *Store) tokenWhere(ctx context.Context, column, v string) (*store.Token, error) {
-	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT id, name, hash, created_at, revoked_at FROM tokens WHERE `+column+` = ?`, v).Scan)
+	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE `+column+` = ?`, v).Scan)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.New(errdefs.NotFound, "token not found")
 	}
@@ -60,8 +77,8 @@ func (s *Store) tokenWhere(ctx context.Context, column, v string) (*store.Token,
 	return t, nil
 }
 
-func (s *Store) ListTokens(ctx context.Context) ([]store.Token, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, name, hash, created_at, revoked_at FROM tokens ORDER BY created_at, id`)
+func (s *Store) ListTokens(ctx context.Context, project string) ([]store.Token, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE ? = '' OR project = ? ORDER BY created_at, id`, project, project)
 	if err != nil {
 		return nil, fmt.Errorf("list tokens: %w", err)
 	}

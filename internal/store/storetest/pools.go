@@ -77,13 +77,14 @@ func testWarmPoolClaims(t *testing.T, open Opener) {
 	if keys, err := s.PoolKeys(ctx); err != nil || len(keys) != 0 {
 		t.Fatalf("pool keys of an empty pool = %v %v", keys, err)
 	}
-	if err := s.SetWarmPool(ctx, "seed:latest", 4); err != nil {
+	seed, test := store.PoolRef{Project: store.DefaultProject, Template: "seed:latest"}, store.PoolRef{Project: store.DefaultProject, Template: "test:latest"}
+	if err := s.SetWarmPool(ctx, seed, 4); err != nil {
 		t.Fatal(err)
 	}
-	s.SetWarmPool(ctx, "seed:latest", 5)
-	s.SetWarmPool(ctx, "test:latest", 1)
-	s.SetWarmPool(ctx, "test:latest", 0)
-	if m, _ := s.WarmPools(ctx); len(m) != 2 || m["seed:latest"] != 5 || m["test:latest"] != 0 {
+	s.SetWarmPool(ctx, seed, 5)
+	s.SetWarmPool(ctx, test, 1)
+	s.SetWarmPool(ctx, test, 0)
+	if m, _ := s.WarmPools(ctx); len(m) != 2 || m[seed] != 5 || m[test] != 0 {
 		t.Fatalf("warm pools = %v", m)
 	}
 }

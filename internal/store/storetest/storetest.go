@@ -50,6 +50,8 @@ func Run(t *testing.T, newDB Factory) {
 		{"Members", testMembers},
 		{"SandboxesByNode", testSandboxesByNode},
 		{"IdempotencyTakeOver", testIdempotencyTakeOver},
+		{"Projects", testProjects},
+		{"Audit", testAudit},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,8 +43,8 @@ func testTokens(t *testing.T, open Opener) {
 	}
 	_, err = s.TokenByID(ctx, ids.New(ids.Token))
 	wantKind(t, err, errdefs.NotFound)
-	list, err := s.ListTokens(ctx)
-	if err != nil || len(list) != 1 {
+	list, err := s.ListTokens(ctx, "")
+	if err != nil || len(list) != 1 || list[0].Project != store.DefaultProject || list[0].Role != store.RoleOwner {
 		t.Fatalf("list = %+v %v", list, err)
 	}
 }
