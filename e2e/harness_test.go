@@ -167,7 +167,7 @@ func startServer(t *testing.T, o serverOpts) *server {
 	// process can take a port between picking and binding it. A restart
 	// reuses the ports learned here (clients keep their URLs).
 	s := &server{t: t, bin: o.bin, dataDir: o.dataDir, apiAddr: "127.0.0.1:0", dpAddr: "127.0.0.1:0", ecwAddr: "127.0.0.1:0", env: o.env, args: o.args, template: o.template}
-	if o.bin == spaceBin && !slices.Contains(o.args, "--sandbox-network") {
+	if o.bin != spaceFakeBin && !slices.Contains(o.args, "--sandbox-network") {
 		// Every real server's sandboxes get their own range, and their
 		// uplink leads into a namespace of this test, never the real network.
 		n := int(upstreams.Add(1)) % 48 // 48…63 are the unit tests'

@@ -263,6 +263,15 @@ func TestProjects(t *testing.T) {
 		if r := s.do("POST", "/v1/tokens", b.admin, []byte(`{"name":"x","project":"team-a","role":"member"}`)); r.status != 404 {
 			t.Errorf("team-b's admin making a token in team-a = %d %s", r.status, r.body)
 		}
+		// The server's owner may look into any project's lists; nobody else.
+		for _, q := range []string{"?project=team-a", "?project=*"} {
+			if r := s.do("GET", "/v1/sandboxes"+q, s.token, nil); r.status != 200 || !strings.Contains(string(r.body), sbxA) {
+				t.Errorf("owner GET /v1/sandboxes%s = %d, without team-a's sandbox", q, r.status)
+			}
+			if r := s.do("GET", "/v1/operations"+q, b.admin, nil); r.status != 404 {
+				t.Errorf("team-b's admin GET /v1/operations%s = %d, want 404", q, r.status)
+			}
+		}
 		// Nothing of a's changed.
 		var sb client.Sandbox
 		s.do("GET", "/v1/sandboxes/"+sbxA, a.readOnly, nil).json(t, &sb)
@@ -345,6 +354,21 @@ func TestProjects(t *testing.T) {
 		}
 		if r := ecw("POST", "/sandboxes/"+sbxA+"/pause", a.readOnly); r.status != 403 {
 			t.Errorf("E2B pause with a read-only key = %d %s", r.status, r.body)
+		}
+		// A read-only key's envd access token reads, and changes nothing.
+		var detail struct {
+			EnvdAccessToken string `json:"envdAccessToken"`
+		}
+		s.doAt(s.ecwAddr, "GET", "/sandboxes/"+sbxA, "", nil, "X-API-Key: "+a.readOnly).json(t, &detail)
+		if detail.EnvdAccessToken == "" {
+			t.Fatalf("no envd access token for a read-only key")
+		}
+		envd := []string{"E2b-Sandbox-Id: " + sbxA, "X-Access-Token: " + detail.EnvdAccessToken}
+		if r := s.doAt(s.ecwAddr, "GET", "/files?path=/tmp/proj.txt", "", nil, envd...); r.status != 200 || string(r.body) != "a's data" {
+			t.Errorf("envd read with a read-only key's access token = %d %s", r.status, r.body)
+		}
+		if r := s.doAt(s.ecwAddr, "POST", "/files?path=/tmp/proj.txt", "", []byte("overwritten"), append(envd, "Content-Type: application/octet-stream")...); r.status != 403 {
+			t.Errorf("envd write with a read-only key's access token = %d %s", r.status, r.body)
 		}
 		// envd of a's sandbox without a's access token: refused.
 		if r := s.doAt(s.ecwAddr, "GET", "/files?path=/tmp/proj.txt", "", nil, "E2b-Sandbox-Id: "+sbxA, "X-Access-Token: nope"); r.status != 401 {

@@ -244,6 +244,22 @@ func templateName(ref string) string {
 	return name
 }
 
+// listProject is the project a list shows: the token's own, or — for the
+// server's owner only — the one it names, or every project's ("*").
+func listProject(r *http.Request, named string) (string, error) {
+	own := projectOf(r.Context())
+	if named == "" || named == own {
+		return own, nil
+	}
+	if tok, _ := auth.TokenOf(r.Context()); tok.Role != store.RoleOwner {
+		return "", errdefs.New(errdefs.NotFound, "project %s not found", truncate(named, 64))
+	}
+	if named == "*" {
+		return "", nil
+	}
+	return named, store.ValidProject(named)
+}
+
 // projectOf is the project a request acts in (the default project for a
 // request the server makes itself).
 func projectOf(ctx context.Context) string {

@@ -94,3 +94,32 @@ func FuzzParseLastEventID(f *testing.F) {
 		}
 	})
 }
+
+// A token's lifetime, a project's name and its quotas as clients send them:
+// never a panic; a refusal is an invalid_argument; what is accepted is
+// positive and bounded, and a name that passes is one the store can key.
+func FuzzProjectInputs(f *testing.F) {
+	for _, s := range []string{"30d", "12h", "0d", "-1d", "1e9d", "9999999999999d", "", "team-a", "A", "a-", `{"sandboxes":-1}`, `{"vcpus":1e20}`, `{"x":1}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		if d, err := ParseTTL(v); err != nil {
+			if !errors.Is(err, errdefs.InvalidArgument) {
+				t.Fatalf("ParseTTL(%q) = %v, not invalid_argument", v, err)
+			}
+		} else if v != "" && d <= 0 {
+			t.Fatalf("ParseTTL(%q) accepted %v", v, d)
+		}
+		if store.ValidProject(v) == nil && (len(v) == 0 || len(v) > 40 || strings.ContainsAny(v, " /:_\x00") || strings.HasSuffix(v, "-")) {
+			t.Fatalf("project name %q accepted", v)
+		}
+		var q store.Quotas
+		if err := decodeJSON("application/json", []byte(v), &q); err == nil && q.Validate() == nil {
+			for _, n := range []int{q.Sandboxes, q.RunningSandboxes, q.VCPUs, q.MemoryMiB, q.DiskMiB, q.SnapshotMiB, q.Templates, q.WarmPool} {
+				if n < 0 || n > 1<<30 {
+					t.Fatalf("quotas %q accepted", v)
+				}
+			}
+		}
+	})
+}

@@ -250,7 +250,7 @@ func ParseTTL(v string) (time.Duration, error) {
 	}
 	if d, ok := strings.CutSuffix(v, "d"); ok {
 		n, err := strconv.Atoi(d)
-		if err != nil || n <= 0 {
+		if err != nil || n <= 0 || n > int(auth.MaxTTL/(24*time.Hour)) {
 			return 0, errInvalid("expires_in", "a positive number of days (30d) or a duration (12h)")
 		}
 		return time.Duration(n) * 24 * time.Hour, nil

@@ -134,7 +134,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params)
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p params) error {
-	q, err := query(r, "limit", "cursor", "state")
+	q, err := query(r, "limit", "cursor", "state", "project")
 	if err != nil {
 		return err
 	}
@@ -146,7 +146,11 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p params)
 	if st != "" && !st.Valid() {
 		return errdefs.New(errdefs.InvalidArgument, "unknown state %q", truncate(string(st), 32))
 	}
-	page, err := s.engine.List(r.Context(), store.SandboxQuery{Project: projectOf(r.Context()), State: st, Cursor: cursor, Limit: limit})
+	project, err := listProject(r, q.Get("project"))
+	if err != nil {
+		return err
+	}
+	page, err := s.engine.List(r.Context(), store.SandboxQuery{Project: project, State: st, Cursor: cursor, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -291,7 +295,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p params) 
 }
 
 func (s *Server) listOperations(w http.ResponseWriter, r *http.Request, p params) error {
-	q, err := query(r, "limit", "cursor", "sandbox_id")
+	q, err := query(r, "limit", "cursor", "sandbox_id", "project")
 	if err != nil {
 		return err
 	}
@@ -303,7 +307,11 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request, p params
 	if q.Has("sandbox_id") && !ids.Valid(ids.Sandbox, sbID) {
 		return errdefs.New(errdefs.InvalidArgument, "malformed sandbox_id %q", truncate(sbID, 64))
 	}
-	page, err := s.engine.Operations(r.Context(), store.OperationQuery{Project: projectOf(r.Context()), SandboxID: sbID, Cursor: cursor, Limit: limit})
+	project, err := listProject(r, q.Get("project"))
+	if err != nil {
+		return err
+	}
+	page, err := s.engine.Operations(r.Context(), store.OperationQuery{Project: project, SandboxID: sbID, Cursor: cursor, Limit: limit})
 	if err != nil {
 		return err
 	}

@@ -121,6 +121,11 @@ func (s *Server) inSandbox(needToken bool, next func(http.ResponseWriter, *http.
 				var tok store.Token
 				tok, err = s.cfg.Tokens.Active(r.Context(), tokenID)
 				project = tok.Project
+				// A read-only key's access token reads files and lists
+				// processes; it changes nothing.
+				if err == nil && tok.Role.Rank() < store.RoleMember.Rank() && !readCall(r.Method, r.URL.Path) {
+					err = errdefs.New(errdefs.PermissionDenied, "this access token's API key is read-only")
+				}
 			}
 			if err != nil {
 				return err

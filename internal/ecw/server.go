@@ -223,15 +223,19 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, id string) bool
 // readsOnly says an E2B request changes nothing though its method is not
 // GET: envd's Connect calls that list, stat, read or watch.
 func readsOnly(rec *audit.Request) bool {
-	_, method, ok := strings.Cut(rec.Action, "/")
-	if !ok {
-		return false
+	method, path, _ := strings.Cut(rec.Action, " ")
+	return readCall(method, path)
+}
+
+// readCall says a request with method and path only reads: a GET, or one
+// of envd's Connect calls that list, stat, read or watch.
+func readCall(method, path string) bool {
+	if method == http.MethodGet || method == http.MethodHead {
+		return true
 	}
-	if i := strings.LastIndexByte(method, '/'); i >= 0 {
-		method = method[i+1:]
-	}
+	call := path[strings.LastIndexByte(path, '/')+1:]
 	for _, p := range []string{"List", "Stat", "Get", "Watch", "Connect", "CreateWatcher", "RemoveWatcher"} {
-		if strings.HasPrefix(method, p) {
+		if strings.HasPrefix(call, p) {
 			return true
 		}
 	}

@@ -1,0 +1,199 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/client"
+)
+
+// previousRelease is the commit whose binary made the data directories
+// this release must upgrade: the last one before projects (migration 6).
+// Move it forward when a release changes the schema again.
+const previousRelease = "cf061e5506d543a4250760a5671b257d1518cb49"
+
+// buildRelease builds space (with build tags tags, if any) and space-agent
+// of commit rev from this repository's history into a directory of the
+// test's.
+func buildRelease(t *testing.T, rev string, tags ...string) (bin, agent string) {
+	t.Helper()
+	src := t.TempDir()
+	archive := exec.Command("git", "-C", "..", "archive", "--format=tar", rev)
+	untar := exec.Command("tar", "-x", "-C", src)
+	var aerr bytes.Buffer
+	archive.Stderr = &aerr
+	pipe, err := archive.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	untar.Stdin = pipe
+	if err := untar.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := archive.Run(); err != nil {
+		if os.Getenv("CI") == "" {
+			t.Skipf("release %s is not in this checkout's history: %v %s", rev[:12], err, aerr.String())
+		}
+		t.Fatalf("git archive %s (CI needs the repository's history): %v %s", rev[:12], err, aerr.String())
+	}
+	if err := untar.Wait(); err != nil {
+		t.Fatalf("untar %s: %v", rev[:12], err)
+	}
+	out := t.TempDir()
+	bin, agent = filepath.Join(out, "space"), filepath.Join(out, "space-agent")
+	for _, b := range []struct {
+		out, pkg string
+		env      []string
+	}{{bin, "./cmd/space", nil}, {agent, "./cmd/space-agent", []string{"CGO_ENABLED=0"}}} {
+		args := []string{"build", "-o", b.out}
+		if len(tags) > 0 && b.pkg == "./cmd/space" {
+			args = append(args, "-tags", strings.Join(tags, ","))
+		}
+		cmd := exec.Command("go", append(args, b.pkg)...)
+		cmd.Dir = src
+		cmd.Env = append(os.Environ(), b.env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s of %s: %v\n%s", b.pkg, rev[:12], err, out)
+		}
+	}
+	return bin, agent
+}
+
+// TestUpgradeFromPreviousRelease: a data directory the previous release's
+// binary made — a running sandbox with a file, a suspended one, a
+// snapshot, a warm pool, a second token, an idempotency key — is served by
+// this release's binary with nothing lost: every sandbox and token works,
+// all of it is the default project's, and projects work from then on.
+func TestUpgradeFromPreviousRelease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the previous release")
+	}
+	requireGVisor(t)
+	oldBin, oldAgent := buildRelease(t, previousRelease)
+	dataDir := t.TempDir()
+	if out, err := exec.Command(oldBin, "template", "build", "test", "--data-dir", dataDir).CombinedOutput(); err != nil {
+		t.Fatalf("build the test template with the previous release: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
+	// SQLite, the single machine's default, also where CI puts gvisor
+	// servers on PostgreSQL: the upgrade of the embedded database is the
+	// one every single-machine user makes.
+	s := startServer(t, serverOpts{bin: oldBin, dataDir: dataDir, template: "test:latest", env: []string{"SPACE_STORE="},
+		args: []string{"--runtime", "gvisor", "--build-seed=false", "--agent-bin", oldAgent}})
+	t.Cleanup(func() { cleanupGVisor(s) })
+	ctx := context.Background()
+	c := s.client()
+
+	// What the previous release leaves behind.
+	second, errOut, code := s.runCLI("token", "create", "--name", "second")
+	if code != 0 {
+		t.Fatalf("token create (previous release) = %d %s", code, errOut)
+	}
+	second = strings.TrimSpace(second)
+	running := s.createRunning()
+	if r := s.do("PUT", "/v1/sandboxes/"+running+"/files?path=/tmp/kept.txt", s.token, []byte("kept across the upgrade"), "Content-Type: application/octet-stream"); r.status/100 != 2 {
+		t.Fatalf("write = %d %s", r.status, r.body)
+	}
+	suspended := s.createRunning()
+	if r := s.do("PUT", "/v1/sandboxes/"+suspended+"/files?path=/tmp/suspended.txt", s.token, []byte("asleep"), "Content-Type: application/octet-stream"); r.status/100 != 2 {
+		t.Fatalf("write = %d %s", r.status, r.body)
+	}
+	if op, _, err := c.Lifecycle(ctx, "suspend", suspended, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
+		t.Fatalf("suspend: %v", err)
+	}
+	snap, snapOp, err := c.CreateSnapshot(ctx, running, "before-upgrade", "")
+	if err != nil || s.waitOp(snapOp.ID).State != "succeeded" {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if r := s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{"min_ready":1}`)); r.status != 200 {
+		t.Fatalf("warm pool = %d %s", r.status, r.body)
+	}
+	keyed := s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","metadata":{"k":"v"}}`), "Idempotency-Key: before-upgrade-1")
+	var keyedResp client.CreateSandboxResponse
+	keyed.json(t, &keyedResp)
+	if keyed.status != 202 {
+		t.Fatalf("keyed create = %d %s", keyed.status, keyed.body)
+	}
+	s.waitOp(keyedResp.Operation.ID)
+
+	// This release, on the same data directory.
+	s.stop()
+	s.bin = spaceBin
+	for i, a := range s.args {
+		if a == oldAgent {
+			s.args[i] = filepath.Join(filepath.Dir(spaceBin), "space-agent")
+		}
+	}
+	s.start()
+
+	for _, tok := range []string{s.token, second} {
+		if r := s.do("GET", "/v1/sandboxes/"+running, tok, nil); r.status != 200 {
+			t.Fatalf("a token of the previous release = %d %s", r.status, r.body)
+		}
+	}
+	var sb client.Sandbox
+	s.do("GET", "/v1/sandboxes/"+running, s.token, nil).json(t, &sb)
+	if sb.State != "running" || sb.Project != "default" {
+		t.Fatalf("the running sandbox after the upgrade: %+v", sb)
+	}
+	if out, code := s.sh(running, "cat /tmp/kept.txt"); code != 0 || out != "kept across the upgrade" {
+		t.Fatalf("the running sandbox's file after the upgrade = %d %q", code, out)
+	}
+	if op, _, err := c.Lifecycle(ctx, "wake", suspended, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
+		t.Fatalf("wake of a sandbox the previous release suspended: %v\n%s", err, s.log())
+	}
+	if out, code := s.sh(suspended, "cat /tmp/suspended.txt"); code != 0 || out != "asleep" {
+		t.Fatalf("the woken sandbox's file = %d %q", code, out)
+	}
+	fromSnap, _, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap.ID}, "")
+	if err != nil || s.waitOp(fromSnap.Operation.ID).State != "succeeded" {
+		t.Fatalf("create from the previous release's snapshot: %v", err)
+	}
+	if out, code := s.sh(fromSnap.Sandbox.ID, "cat /tmp/kept.txt"); code != 0 || out != "kept across the upgrade" {
+		t.Fatalf("the snapshot's file = %d %q", code, out)
+	}
+	var wp struct {
+		MinReady int `json:"min_ready"`
+	}
+	s.do("GET", "/v1/warm-pools/test:latest", s.token, nil).json(t, &wp)
+	if wp.MinReady != 1 {
+		t.Fatalf("warm pool after the upgrade: %+v", wp)
+	}
+	again := s.do("POST", "/v1/sandboxes", s.token, []byte(`{"template":"test:latest","metadata":{"k":"v"}}`), "Idempotency-Key: before-upgrade-1")
+	var againResp client.CreateSandboxResponse
+	again.json(t, &againResp)
+	if again.header.Get("Idempotent-Replayed") != "true" || againResp.Sandbox.ID != keyedResp.Sandbox.ID {
+		t.Fatalf("a retry of a key the previous release stored = %d %s", again.status, again.body)
+	}
+	// Every record is the default project's; the first token is its owner.
+	var ops client.List[client.Operation]
+	s.do("GET", "/v1/operations?limit=500", s.token, nil).json(t, &ops)
+	for _, op := range ops.Items {
+		if op.Project != "default" {
+			t.Errorf("operation %s of the previous release is in project %q", op.ID, op.Project)
+		}
+	}
+	var toks client.List[client.Token]
+	s.do("GET", "/v1/tokens", s.token, nil).json(t, &toks)
+	if len(toks.Items) != 2 || toks.Items[0].Role != "owner" || toks.Items[1].Role != "owner" {
+		t.Fatalf("tokens after the upgrade: %+v", toks.Items)
+	}
+	// Projects work on the upgraded data directory.
+	if r := s.do("POST", "/v1/projects", s.token, []byte(`{"name":"after"}`)); r.status != 201 {
+		t.Fatalf("create a project after the upgrade = %d %s", r.status, r.body)
+	}
+	r := s.do("POST", "/v1/tokens", s.token, []byte(`{"name":"m","project":"after","role":"member"}`))
+	var made struct{ Value string }
+	json.Unmarshal(r.body, &made)
+	if r := s.do("GET", "/v1/sandboxes/"+running, made.Value, nil); r.status != 404 {
+		t.Fatalf("another project's token on the default project's sandbox = %d", r.status)
+	}
+	time.Sleep(100 * time.Millisecond)
+}
