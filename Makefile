@@ -23,7 +23,7 @@ deps:
 
 build:
 	$(GO) build -o bin/space ./cmd/space
-	CGO_ENABLED=0 $(GO) build -o bin/space-agent ./cmd/space-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -o bin/space-agent ./cmd/space-agent
 
 serve: deps build
 	./bin/space serve

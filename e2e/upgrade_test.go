@@ -51,9 +51,9 @@ func buildRelease(t *testing.T, rev string, tags ...string) (bin, agent string) 
 	for _, b := range []struct {
 		out, pkg string
 		env      []string
-	}{{bin, "./cmd/space", nil}, {agent, "./cmd/space-agent", []string{"CGO_ENABLED=0"}}} {
+	}{{bin, "./cmd/space", nil}} {
 		args := []string{"build", "-o", b.out}
-		if len(tags) > 0 && b.pkg == "./cmd/space" {
+		if len(tags) > 0 {
 			args = append(args, "-tags", strings.Join(tags, ","))
 		}
 		cmd := exec.Command("go", append(args, b.pkg)...)
@@ -63,7 +63,21 @@ func buildRelease(t *testing.T, rev string, tags ...string) (bin, agent string) 
 			t.Fatalf("build %s of %s: %v\n%s", b.pkg, rev[:12], err, out)
 		}
 	}
+	buildAgent(t, src, agent)
 	return bin, agent
+}
+
+// buildAgent builds the space-agent of the source tree src to out as
+// `make build` does: reproducibly (-trimpath, no VCS stamp), so one agent
+// source gives the same bytes wherever and whenever it is built.
+func buildAgent(t *testing.T, src, out string, extra ...string) {
+	t.Helper()
+	cmd := exec.Command("go", append(append([]string{"build", "-trimpath", "-buildvcs=false"}, extra...), "-o", out, "./cmd/space-agent")...)
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build space-agent in %s: %v\n%s", src, err, b)
+	}
 }
 
 // TestUpgradeFromPreviousRelease: a data directory the previous release's
@@ -77,6 +91,32 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	}
 	requireGVisor(t)
 	oldBin, oldAgent := buildRelease(t, previousRelease)
+	// The agent is installed at one path and replaced there by the
+	// upgrade, as `make build` does. The previous release's sandboxes mount
+	// that path itself, and gVisor restores a save only onto the bytes it
+	// was made with: the agent's sources did not change in this release,
+	// and reproducible builds make that the same binary. (From this release
+	// on each sandbox keeps the agent it started with: TestAgentReplaced…)
+	agentPath := filepath.Join(t.TempDir(), "space-agent")
+	newAgent := filepath.Join(t.TempDir(), "space-agent")
+	buildAgent(t, "..", newAgent)
+	if a, b := mustRead(t, oldAgent), mustRead(t, newAgent); !bytes.Equal(a, b) {
+		t.Fatalf("the agent of %s and this release's differ: the previous release's suspended sandboxes and snapshots would not restore after an in-place upgrade", previousRelease[:12])
+	}
+	install := func(from string) {
+		t.Helper()
+		b, err := os.ReadFile(from)
+		if err == nil {
+			err = os.WriteFile(agentPath+".new", b, 0o755)
+		}
+		if err == nil {
+			err = os.Rename(agentPath+".new", agentPath)
+		}
+		if err != nil {
+			t.Fatalf("install the agent: %v", err)
+		}
+	}
+	install(oldAgent)
 	dataDir := t.TempDir()
 	if out, err := exec.Command(oldBin, "template", "build", "test", "--data-dir", dataDir).CombinedOutput(); err != nil {
 		t.Fatalf("build the test template with the previous release: %v\n%s", err, out)
@@ -86,7 +126,7 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	// servers on PostgreSQL: the upgrade of the embedded database is the
 	// one every single-machine user makes.
 	s := startServer(t, serverOpts{bin: oldBin, dataDir: dataDir, template: "test:latest", env: []string{"SPACE_STORE="},
-		args: []string{"--runtime", "gvisor", "--build-seed=false", "--agent-bin", oldAgent}})
+		args: []string{"--runtime", "gvisor", "--build-seed=false", "--agent-bin", agentPath}})
 	t.Cleanup(func() { cleanupGVisor(s) })
 	ctx := context.Background()
 	c := s.client()
@@ -126,11 +166,7 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	// This release, on the same data directory.
 	s.stop()
 	s.bin = spaceBin
-	for i, a := range s.args {
-		if a == oldAgent {
-			s.args[i] = filepath.Join(filepath.Dir(spaceBin), "space-agent")
-		}
-	}
+	install(newAgent)
 	s.start()
 
 	for _, tok := range []string{s.token, second} {
@@ -196,4 +232,76 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 		t.Fatalf("another project's token on the default project's sandbox = %d", r.status)
 	}
 	time.Sleep(100 * time.Millisecond)
+}
+
+// TestAgentReplacedUnderSavedSandboxes: replacing the agent binary at
+// --agent-bin (an upgrade that changes the agent) leaves every saved
+// sandbox restorable: a suspended sandbox wakes and a snapshot starts new
+// sandboxes with the agent they were saved with, which the runtime kept by
+// content; new sandboxes run the new agent.
+func TestAgentReplacedUnderSavedSandboxes(t *testing.T) {
+	requireGVisor(t)
+	agentPath := filepath.Join(t.TempDir(), "space-agent")
+	buildAgent(t, "..", agentPath)
+	dataDir := t.TempDir()
+	if out, err := exec.Command(spaceBin, "template", "build", "test", "--data-dir", dataDir).CombinedOutput(); err != nil {
+		t.Fatalf("build test template: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
+	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "test:latest",
+		args: []string{"--runtime", "gvisor", "--build-seed=false", "--agent-bin", agentPath}})
+	t.Cleanup(func() { cleanupGVisor(s) })
+	ctx := context.Background()
+	c := s.client()
+	suspended := s.createRunning()
+	if out, code := s.sh(suspended, "echo saved > /tmp/f"); code != 0 {
+		t.Fatalf("write: %d %s", code, out)
+	}
+	if op, _, err := c.Lifecycle(ctx, "suspend", suspended, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
+		t.Fatalf("suspend: %v", err)
+	}
+	src := s.createRunning()
+	s.sh(src, "echo snap > /tmp/f")
+	snap, sop, err := c.CreateSnapshot(ctx, src, "", "")
+	if err != nil || s.waitOp(sop.ID).State != "succeeded" {
+		t.Fatalf("snapshot: %v", err)
+	}
+	before := mustRead(t, agentPath)
+	// Another agent at the same path: other bytes (without -trimpath the
+	// build directory is in the binary), as an upgrade brings.
+	s.stop()
+	other := filepath.Join(t.TempDir(), "space-agent")
+	cmd := exec.Command("go", "build", "-o", other, "../cmd/space-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build another agent: %v %s", err, out)
+	}
+	if bytes.Equal(before, mustRead(t, other)) {
+		t.Fatal("the replacement agent has the same bytes: the test would prove nothing")
+	}
+	if err := os.Rename(other, agentPath); err != nil {
+		t.Fatal(err)
+	}
+	s.start()
+	if op, _, err := c.Lifecycle(ctx, "wake", suspended, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
+		t.Fatalf("wake after the agent was replaced: %v\n%s", err, s.log())
+	}
+	if out, code := s.sh(suspended, "cat /tmp/f"); code != 0 || out != "saved\n" {
+		t.Fatalf("the woken sandbox = %d %q", code, out)
+	}
+	from, _, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap.ID}, "")
+	if err != nil || s.waitOp(from.Operation.ID).State != "succeeded" {
+		t.Fatalf("create from a snapshot after the agent was replaced: %v\n%s", err, s.log())
+	}
+	if out, code := s.sh(from.Sandbox.ID, "cat /tmp/f"); code != 0 || out != "snap\n" {
+		t.Fatalf("the snapshot's sandbox = %d %q", code, out)
+	}
+	fresh := s.createRunning()
+	if out, code := s.sh(fresh, "true"); code != 0 {
+		t.Fatalf("a new sandbox on the new agent: %d %s", code, out)
+	}
+	kept, _ := filepath.Glob(filepath.Join(dataDir, "runtime", "gvisor", "agents", "*"))
+	if len(kept) != 2 {
+		t.Errorf("agents kept: %v, want the old and the new", kept)
+	}
 }

@@ -167,7 +167,9 @@ func (e *Engine) claim(ctx context.Context, req CreateRequest, key string, tpl s
 		return op, render.completion(&c, op), nil
 	})
 	if err != nil {
-		if !errors.Is(err, errdefs.NotFound) {
+		// None ready, or the project is at a quota (the create that
+		// follows is refused the same way, with the quota named).
+		if !errors.Is(err, errdefs.NotFound) && !errors.Is(err, errdefs.ResourceExhausted) {
 			e.log.Warn("claim from warm pool", "err", err)
 		}
 		return nil, nil

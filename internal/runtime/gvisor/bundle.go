@@ -21,7 +21,7 @@ const (
 // ociSpec is the OCI runtime spec of a sandbox: the agent as init, the
 // template as root (writes go to gVisor's overlay), cgroup limits for CPU,
 // memory and pids, and the sandbox's network namespace.
-func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
+func (r *Runtime) ociSpec(spec runtime.Spec, rootfs, agent string) map[string]any {
 	// The agent's environment and working directory are what its commands
 	// inherit: defaults, then the template's, then the sandbox's.
 	merged := map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
@@ -57,7 +57,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 		{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
 		{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev", "mode=755"}},
-		{"destination": AgentPath, "type": "bind", "source": r.cfg.AgentBin, "options": []string{"rbind", "ro"}},
+		{"destination": AgentPath, "type": "bind", "source": agent, "options": []string{"rbind", "ro"}},
 		// Read-only: the agent only connects to the socket in it (a
 		// connect needs no write access to a mount); nothing the sandbox
 		// writes may land on the host outside its disk limit (#14 item 1).
@@ -68,7 +68,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs string) map[string]any {
 	// template's sudoers.
 	if fi, err := os.Lstat(filepath.Join(rootfs, SudoPath)); err == nil && fi.Mode().IsRegular() {
 		args = append(args, "--sudo")
-		mounts = append(mounts, map[string]any{"destination": SudoPath, "type": "bind", "source": r.cfg.AgentBin, "options": []string{"rbind", "ro"}})
+		mounts = append(mounts, map[string]any{"destination": SudoPath, "type": "bind", "source": agent, "options": []string{"rbind", "ro"}})
 	}
 	return map[string]any{
 		"ociVersion": "1.0.2",
@@ -120,14 +120,14 @@ func hostname(id string) string {
 }
 
 // writeBundle writes the sandbox's config.json.
-func (r *Runtime) writeBundle(spec runtime.Spec, rootfs string) error {
+func (r *Runtime) writeBundle(spec runtime.Spec, rootfs, agent string) error {
 	dir := r.bundleDir(spec.SandboxID)
 	for _, d := range []string{dir, r.upperDir(spec.SandboxID), r.socketDir(spec.SandboxID)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
 		}
 	}
-	b, err := json.MarshalIndent(r.ociSpec(spec, rootfs), "", " ")
+	b, err := json.MarshalIndent(r.ociSpec(spec, rootfs, agent), "", " ")
 	if err != nil {
 		return err
 	}

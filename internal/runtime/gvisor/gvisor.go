@@ -91,6 +91,9 @@ type Runtime struct {
 	// server left running on them (awaitEarlierRunsc).
 	earlierChecked sync.Map
 
+	// agentDigest is the agent new sandboxes run (agents.go).
+	agentDigest string
+
 	// firstStart serialises starts of sandboxes without a network until
 	// runsc has made its shared empty network-namespace mount; concurrent
 	// first starts would each mount it.
@@ -110,6 +113,10 @@ func New(cfg Config) (*Runtime, error) {
 		}
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger)}
+	var err error
+	if r.agentDigest, err = r.keepAgent(); err != nil {
+		return nil, err
+	}
 	r.endpoints = agentclient.NewEndpoints(r.socketPath, cfg.Logger)
 	// The agent's key lives on the host only, never under /.space/run.
 	r.endpoints.KeyFile = func(id string) string { return filepath.Join(r.sandboxDir(id), "agent.key") }

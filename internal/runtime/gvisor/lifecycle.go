@@ -148,8 +148,12 @@ func (r *Runtime) prepare(ctx context.Context, spec runtime.Spec, keyDir string)
 	if err != nil {
 		return false, fmt.Errorf("template of %s: %w", id, err)
 	}
-	if err := r.writeBundle(spec, rootfs); err != nil {
+	agent := r.agentOf(keyDir)
+	if err := r.writeBundle(spec, rootfs, r.agentFile(agent)); err != nil {
 		return false, fmt.Errorf("write bundle: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(r.sandboxDir(id), agentDigestFile), []byte(agent+"\n"), 0o600); err != nil {
+		return false, fmt.Errorf("record the agent: %w", err)
 	}
 	if keyDir != "" {
 		if err := copyFile(filepath.Join(keyDir, "agent.key"), filepath.Join(r.sandboxDir(id), "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -276,6 +280,9 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	// elsewhere (a cluster's wake) lets the same agent in.
 	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("keep agent key: %w", err)
+	}
+	if err := r.keepAgentRecord(id, gdir); err != nil {
+		return err
 	}
 	if err := syncDir(gdir); err != nil {
 		return fmt.Errorf("sync snapshot: %w", err)

@@ -87,6 +87,9 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(tmp, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("keep agent key: %w", err)
 	}
+	if err := r.keepAgentRecord(id, tmp); err != nil {
+		return err
+	}
 	if err := syncDir(tmp); err != nil {
 		return fmt.Errorf("sync snapshot: %w", err)
 	}
