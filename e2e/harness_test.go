@@ -46,7 +46,9 @@ func TestMain(m *testing.M) {
 	spaceBin = filepath.Join(dir, "space")
 	spaceFakeBin = filepath.Join(dir, "space-fake")
 	for _, b := range []struct{ out, tags string }{{spaceBin, ""}, {spaceFakeBin, "spacefake"}} {
-		args := []string{"build", "-o", b.out}
+		// -trimpath: the build cache then serves the previous release's
+		// unchanged packages to its build (TestUpgradeFromPreviousRelease).
+		args := []string{"build", "-trimpath", "-o", b.out}
 		if b.tags != "" {
 			args = append(args, "-tags", b.tags)
 		}

@@ -52,7 +52,12 @@ func buildRelease(t *testing.T, rev string, tags ...string) (bin, agent string) 
 		out, pkg string
 		env      []string
 	}{{bin, "./cmd/space", nil}} {
-		args := []string{"build", "-o", b.out}
+		// Built as TestMain builds this release's (-trimpath, -race when
+		// the tests are), so the build cache serves the unchanged packages.
+		args := []string{"build", "-trimpath", "-o", b.out}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
 		if len(tags) > 0 {
 			args = append(args, "-tags", strings.Join(tags, ","))
 		}

@@ -68,94 +68,111 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, route *Rou
 	if rec := audit.From(ctx); rec != nil {
 		rec.Token = tok
 	}
-	if err := s.authorize(ctx, tok, route, p); err != nil {
+	obj, err := s.authorize(ctx, tok, route, p)
+	if err != nil {
 		return nil, err
+	}
+	if obj != nil {
+		// The handler reads it from here rather than again.
+		ctx = context.WithValue(ctx, loadedKey{}, obj)
 	}
 	return r.WithContext(ctx), nil
 }
 
-// authorize checks tok may use route on the object p names.
-func (s *Server) authorize(ctx context.Context, tok store.Token, route *Route, p params) error {
+type loadedKey struct{}
+
+// loaded is the object the access check read for the path's id, when it is
+// a T with that id's record (nil, false otherwise).
+func loaded[T any](ctx context.Context) (T, bool) {
+	v, ok := ctx.Value(loadedKey{}).(T)
+	return v, ok
+}
+
+// authorize checks tok may use route on the object p names, and returns
+// that object when it read one.
+func (s *Server) authorize(ctx context.Context, tok store.Token, route *Route, p params) (any, error) {
 	// The object first: a token of another project learns nothing, not
 	// even that its role would not suffice.
-	if err := s.inProject(ctx, tok, route.Owns, p); err != nil {
-		return err
+	obj, err := s.inProject(ctx, tok, route.Owns, p)
+	if err != nil {
+		return nil, err
 	}
 	if need := route.leastRole(); tok.Role.Rank() < need.Rank() {
-		return errdefs.New(errdefs.PermissionDenied, "this needs a token with role %s or above; this one is %s", need, tok.Role).
+		return nil, errdefs.New(errdefs.PermissionDenied, "this needs a token with role %s or above; this one is %s", need, tok.Role).
 			WithDetails(map[string]any{"required_role": string(need), "role": string(tok.Role)})
 	}
-	return nil
+	return obj, nil
 }
 
 // inProject answers NotFound when the object the path names belongs to
-// another project. A malformed id is left to the handler (its 400).
-func (s *Server) inProject(ctx context.Context, tok store.Token, kind owns, p params) error {
+// another project, and returns the object it read (nil for none). A
+// malformed id is left to the handler (its 400).
+func (s *Server) inProject(ctx context.Context, tok store.Token, kind owns, p params) (any, error) {
 	id := p["id"]
 	switch kind {
 	case ownsNothing:
-		return nil
+		return nil, nil
 	case ownsTemplate:
-		return s.templateVisible(ctx, tok.Project, p["name"])
+		return nil, s.templateVisible(ctx, tok.Project, p["name"])
 	case ownsProject:
 		if tok.Role == store.RoleOwner || id == tok.Project {
-			return nil
+			return nil, nil
 		}
-		return errdefs.New(errdefs.NotFound, "project %s not found", id)
+		return nil, errdefs.New(errdefs.NotFound, "project %s not found", id)
 	}
 	obj, ok := s.ownedObjs[kind]
 	if !ok {
-		return errors.New("unknown kind of owned object")
+		return nil, errors.New("unknown kind of owned object")
 	}
 	if !ids.Valid(obj.prefix, id) {
-		return nil
+		return nil, nil
 	}
-	project, err := obj.project(ctx, id)
+	project, rec, err := obj.project(ctx, id)
 	if err != nil {
-		return ignoreNotFound(err)
+		return nil, ignoreNotFound(err)
 	}
 	// An owner manages every project's tokens; everything else is seen
 	// only by its own project.
 	if project != tok.Project && !(kind == ownsToken && tok.Role == store.RoleOwner) {
-		return errdefs.New(errdefs.NotFound, "%s %s not found", obj.noun, id)
+		return nil, errdefs.New(errdefs.NotFound, "%s %s not found", obj.noun, id)
 	}
-	return nil
+	return rec, nil
 }
 
 // ownedObject is how to find the project of an object an id names.
 type ownedObject struct {
 	prefix  ids.Prefix
 	noun    string
-	project func(ctx context.Context, id string) (string, error)
+	project func(ctx context.Context, id string) (string, any, error)
 }
 
 // owned is built once, with the server.
 func (s *Server) owned() map[owns]ownedObject {
 	return map[owns]ownedObject{
-		ownsSandbox: {ids.Sandbox, "sandbox", func(ctx context.Context, id string) (string, error) {
+		ownsSandbox: {ids.Sandbox, "sandbox", func(ctx context.Context, id string) (string, any, error) {
 			sb, err := s.engine.Get(ctx, id)
 			if err != nil {
-				return "", err
+				return "", nil, err
 			}
-			return sb.Project, nil
+			return sb.Project, sb, nil
 		}},
-		ownsSnapshot: {ids.Snapshot, "snapshot", func(ctx context.Context, id string) (string, error) {
+		ownsSnapshot: {ids.Snapshot, "snapshot", func(ctx context.Context, id string) (string, any, error) {
 			snap, err := s.engine.GetSnapshot(ctx, id)
 			if err != nil {
-				return "", err
+				return "", nil, err
 			}
-			return snap.Project, nil
+			return snap.Project, snap, nil
 		}},
-		ownsOperation: {ids.Operation, "operation", func(ctx context.Context, id string) (string, error) {
+		ownsOperation: {ids.Operation, "operation", func(ctx context.Context, id string) (string, any, error) {
 			op, err := s.engine.Operation(ctx, id)
 			if err != nil {
-				return "", err
+				return "", nil, err
 			}
-			return op.Project, nil
+			return op.Project, op, nil
 		}},
-		ownsToken: {ids.Token, "token", func(ctx context.Context, id string) (string, error) {
+		ownsToken: {ids.Token, "token", func(ctx context.Context, id string) (string, any, error) {
 			t, err := s.tokens.Get(ctx, id)
-			return t.Project, err
+			return t.Project, nil, err
 		}},
 	}
 }

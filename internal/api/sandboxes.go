@@ -168,9 +168,12 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p params) er
 	if err != nil {
 		return err
 	}
-	sb, err := s.engine.Get(r.Context(), id)
-	if err != nil {
-		return err
+	// Read a moment ago by the access check, for this same id.
+	sb, ok := loaded[*sandbox.Sandbox](r.Context())
+	if !ok || sb.ID != id {
+		if sb, err = s.engine.Get(r.Context(), id); err != nil {
+			return err
+		}
 	}
 	return edge.JSON(w, http.StatusOK, s.present(sb))
 }
@@ -287,9 +290,12 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p params) 
 	if _, err := query(r); err != nil {
 		return err
 	}
-	op, err := s.engine.Operation(r.Context(), id)
-	if err != nil {
-		return err
+	op, ok := loaded[*sandbox.Operation](r.Context())
+	if !ok || op.ID != id {
+		var err error
+		if op, err = s.engine.Operation(r.Context(), id); err != nil {
+			return err
+		}
 	}
 	return edge.JSON(w, http.StatusOK, op)
 }
