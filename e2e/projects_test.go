@@ -333,6 +333,9 @@ func TestProjects(t *testing.T) {
 					t.Errorf("E2B %s on team-a's sandbox as team-b = %d %s", rt, r.status, r.body)
 				}
 			}
+			if r := s.doAt(s.ecwAddr, "POST", "/sandboxes", "", []byte(`{"templateID":"`+snapA+`"}`), "X-API-Key: "+key); r.status != 404 {
+				t.Errorf("E2B create from team-a's snapshot as team-b = %d %s", r.status, r.body)
+			}
 			if r := ecw("DELETE", "/templates/"+snapA, key); r.status != 404 {
 				t.Errorf("E2B delete of team-a's snapshot as team-b = %d %s", r.status, r.body)
 			}

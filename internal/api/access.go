@@ -211,7 +211,7 @@ func (s *Server) claimName(ctx context.Context, name string) error {
 		return nil
 	}
 	tok, _ := auth.TokenOf(ctx)
-	project := projectOf(ctx)
+	project := auth.Project(ctx)
 	owners, err := s.projects.TemplateOwners(ctx)
 	if err != nil {
 		return err
@@ -239,18 +239,11 @@ func (s *Server) claimName(ctx context.Context, name string) error {
 	return s.projects.ClaimTemplate(ctx, project, name, time.Now().UTC())
 }
 
-// createVisible refuses a create that names another project's snapshot or
-// template as if it did not exist.
+// createVisible refuses a create that names another project's template as
+// if it did not exist (the engine does the same for snapshots).
 func (s *Server) createVisible(ctx context.Context, req lifecycle.CreateRequest) error {
-	project := projectOf(ctx)
-	if req.Snapshot != "" && ids.Valid(ids.Snapshot, req.Snapshot) {
-		snap, err := s.engine.GetSnapshot(ctx, req.Snapshot)
-		if err == nil && snap.Project != project {
-			return errdefs.New(errdefs.NotFound, "snapshot %s not found", req.Snapshot).WithDetails(map[string]any{"field": "snapshot"})
-		}
-	}
 	if req.Template != "" {
-		return s.templateVisible(ctx, project, templateName(req.Template))
+		return s.templateVisible(ctx, auth.Project(ctx), templateName(req.Template))
 	}
 	return nil
 }
@@ -264,7 +257,7 @@ func templateName(ref string) string {
 // listProject is the project a list shows: the token's own, or — for the
 // server's owner only — the one it names, or every project's ("*").
 func listProject(r *http.Request, named string) (string, error) {
-	own := projectOf(r.Context())
+	own := auth.Project(r.Context())
 	if named == "" || named == own {
 		return own, nil
 	}
@@ -275,13 +268,4 @@ func listProject(r *http.Request, named string) (string, error) {
 		return "", nil
 	}
 	return named, store.ValidProject(named)
-}
-
-// projectOf is the project a request acts in (the default project for a
-// request the server makes itself).
-func projectOf(ctx context.Context) string {
-	if p := auth.Project(ctx); p != "" {
-		return p
-	}
-	return store.DefaultProject
 }

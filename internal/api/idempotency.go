@@ -106,7 +106,7 @@ func validKey(k string) bool {
 // The default project's keys are stored as they come (as before projects);
 // others' are prefixed with the project and a space, which no key contains.
 func scopedKey(ctx context.Context, key string) string {
-	if p := auth.Project(ctx); p != "" && p != store.DefaultProject {
+	if p := auth.Project(ctx); p != store.DefaultProject {
 		return p + " " + key
 	}
 	return key

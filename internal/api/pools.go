@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/templates"
 )
@@ -27,7 +28,7 @@ func (s *Server) getWarmPool(w http.ResponseWriter, r *http.Request, p params) e
 	if err != nil {
 		return err
 	}
-	wp, err := s.engine.WarmPool(r.Context(), projectOf(r.Context()), ref)
+	wp, err := s.engine.WarmPool(r.Context(), auth.Project(r.Context()), ref)
 	if err != nil {
 		return err
 	}
@@ -50,7 +51,7 @@ func (s *Server) putWarmPool(w http.ResponseWriter, r *http.Request, p params) e
 		if req.MinReady == nil {
 			return response{}, errInvalid("min_ready", "required, like {\"min_ready\": 5}")
 		}
-		wp, err := s.engine.SetWarmPool(r.Context(), projectOf(r.Context()), ref, *req.MinReady)
+		wp, err := s.engine.SetWarmPool(r.Context(), auth.Project(r.Context()), ref, *req.MinReady)
 		if err != nil {
 			return response{}, err
 		}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
@@ -120,7 +121,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params)
 		if err := s.createVisible(r.Context(), req); err != nil {
 			return response{}, err
 		}
-		req.Project = projectOf(r.Context())
+		req.Project = auth.Project(r.Context())
 		build := func(sb *sandbox.Sandbox, op *sandbox.Operation) any {
 			return createResponse{Sandbox: s.present(sb), Operation: op}
 		}

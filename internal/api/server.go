@@ -379,7 +379,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p params)
 	}
 	visible := []templates.Template{}
 	for _, t := range list {
-		if s.templateVisible(r.Context(), projectOf(r.Context()), t.Name) == nil {
+		if s.templateVisible(r.Context(), auth.Project(r.Context()), t.Name) == nil {
 			visible = append(visible, t)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
@@ -81,7 +82,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p params)
 	if q.Has("sandbox_id") && !ids.Valid(ids.Sandbox, sbID) {
 		return errdefs.New(errdefs.InvalidArgument, "malformed sandbox_id %q", truncate(sbID, 64))
 	}
-	page, err := s.engine.ListSnapshots(r.Context(), store.SnapshotQuery{Project: projectOf(r.Context()), SandboxID: sbID, Cursor: cursor, Limit: limit})
+	page, err := s.engine.ListSnapshots(r.Context(), store.SnapshotQuery{Project: auth.Project(r.Context()), SandboxID: sbID, Cursor: cursor, Limit: limit})
 	if err != nil {
 		return err
 	}

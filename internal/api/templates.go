@@ -9,6 +9,7 @@ import (
 	"os"
 	"syscall"
 
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -49,7 +50,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request, p params
 		if err := spec.Validate(); err != nil {
 			return response{}, err
 		}
-		if err := s.templateVisible(r.Context(), projectOf(r.Context()), templateName(spec.Base)); err != nil {
+		if err := s.templateVisible(r.Context(), auth.Project(r.Context()), templateName(spec.Base)); err != nil {
 			return response{}, err
 		}
 		if _, err := s.builder.Get(spec.Base); err != nil {
@@ -60,7 +61,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request, p params
 		}
 		ref := spec.Name + ":" + spec.Tag
 		build := func(_ *sandbox.Sandbox, op *sandbox.Operation) any { return operationResponse{Operation: op} }
-		op, err := s.engine.StartBuild(r.Context(), projectOf(r.Context()), ref, i.render(http.StatusAccepted, operationLocation, build), func(ctx context.Context) error {
+		op, err := s.engine.StartBuild(r.Context(), auth.Project(r.Context()), ref, i.render(http.StatusAccepted, operationLocation, build), func(ctx context.Context) error {
 			_, err := s.builder.BuildSpec(ctx, spec, io.Discard)
 			return err
 		})
@@ -112,7 +113,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.Wrap(errdefs.InvalidArgument, err, "reading the upload failed")
 	}
 	archive := f.Name()
-	op, err := s.engine.StartBuild(r.Context(), projectOf(r.Context()), name+":"+tag, nil, func(ctx context.Context) error {
+	op, err := s.engine.StartBuild(r.Context(), auth.Project(r.Context()), name+":"+tag, nil, func(ctx context.Context) error {
 		defer os.Remove(archive)
 		_, err := s.builder.ImportOCI(ctx, archive, name, tag, io.Discard)
 		return err

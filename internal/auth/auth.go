@@ -315,11 +315,11 @@ func TokenID(ctx context.Context) string {
 	return tok.ID
 }
 
-// Project is the project the request acts in: its token's ("" for a
-// request without one, such as the engine's own work).
+// Project is the project the request acts in: its token's, or the default
+// project for a request without one (the server's own work).
 func Project(ctx context.Context) string {
 	tok, _ := TokenOf(ctx)
-	return tok.Project
+	return store.ProjectOr(tok.Project)
 }
 
 // BearerToken extracts the token of an "Authorization: Bearer" header.

@@ -254,7 +254,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 			creq.Env = nil
 		}
 	}
-	creq.Project = projectOf(r.Context())
+	creq.Project = auth.Project(r.Context())
 	if err := s.visible(r.Context(), creq); err != nil {
 		return err
 	}
@@ -311,7 +311,7 @@ func (s *Server) sandbox(r *http.Request) (*sandbox.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sb.State == sandbox.Deleted || sb.State == sandbox.Deleting || sb.Pool != "" || sb.Project != projectOf(r.Context()) {
+	if sb.State == sandbox.Deleted || sb.State == sandbox.Deleting || sb.Pool != "" || sb.Project != auth.Project(r.Context()) {
 		return nil, sandboxNotFound(id)
 	}
 	return sb, nil
@@ -338,23 +338,9 @@ func shortID(composite string) (string, bool) {
 	return id, true
 }
 
-// projectOf is the project of the request's API key: an E2B key is a
-// project's token, and E2B's team-scoped calls act in its project.
-func projectOf(ctx context.Context) string {
-	if p := auth.Project(ctx); p != "" {
-		return p
-	}
-	return store.DefaultProject
-}
-
-// visible refuses a create that names another project's snapshot or
-// template as E2B answers an unknown one.
+// visible refuses a create that names another project's template as E2B
+// answers an unknown one (the engine refuses another project's snapshot).
 func (s *Server) visible(ctx context.Context, req lifecycle.CreateRequest) error {
-	if req.Snapshot != "" && ids.Valid(ids.Snapshot, req.Snapshot) {
-		if snap, err := s.cfg.Engine.GetSnapshot(ctx, req.Snapshot); err == nil && snap.Project != req.Project {
-			return errdefs.New(errdefs.NotFound, "snapshot %q not found", req.Snapshot)
-		}
-	}
 	if req.Template == "" || s.cfg.Owners == nil {
 		return nil
 	}
@@ -807,7 +793,7 @@ const maxListed = 10000
 func (s *Server) list(ctx context.Context, q listQuery) ([]sandboxDetail, string, error) {
 	var all []sandbox.Sandbox
 	for cursor := ""; len(all) < maxListed; {
-		page, err := s.cfg.Engine.List(ctx, store.SandboxQuery{Project: projectOf(ctx), Cursor: cursor, Limit: store.MaxLimit})
+		page, err := s.cfg.Engine.List(ctx, store.SandboxQuery{Project: auth.Project(ctx), Cursor: cursor, Limit: store.MaxLimit})
 		if err != nil {
 			return nil, "", err
 		}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/edge"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
@@ -62,7 +63,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errdefs.New(errdefs.InvalidArgument, "malformed query string")
 	}
-	q := store.SnapshotQuery{Project: projectOf(r.Context()), Limit: 100}
+	q := store.SnapshotQuery{Project: auth.Project(r.Context()), Limit: 100}
 	for k, v := range vals {
 		if len(v) != 1 {
 			return errdefs.New(errdefs.InvalidArgument, "%s: give it once", k)
@@ -126,7 +127,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	if !ids.Valid(ids.Snapshot, id) {
 		return errdefs.New(errdefs.NotFound, "snapshot %q not found", id)
 	}
-	if snap, err := s.cfg.Engine.GetSnapshot(r.Context(), id); err == nil && snap.Project != projectOf(r.Context()) {
+	if snap, err := s.cfg.Engine.GetSnapshot(r.Context(), id); err == nil && snap.Project != auth.Project(r.Context()) {
 		return errdefs.New(errdefs.NotFound, "snapshot %q not found", id)
 	}
 	if err := s.cfg.Engine.DeleteSnapshot(r.Context(), id); err != nil {

@@ -80,18 +80,11 @@ func (e *Engine) SetWarmPool(ctx context.Context, project, template string, minR
 	if _, err := e.poolOf(ctx, project, template); err != nil {
 		return WarmPool{}, err
 	}
-	if err := e.store.SetWarmPool(ctx, store.PoolRef{Project: projectOr(project), Template: template}, minReady); err != nil {
+	if err := e.store.SetWarmPool(ctx, store.PoolRef{Project: store.ProjectOr(project), Template: template}, minReady); err != nil {
 		return WarmPool{}, err
 	}
 	e.kickPools()
 	return e.WarmPool(ctx, project, template)
-}
-
-func projectOr(p string) string {
-	if p == "" {
-		return store.DefaultProject
-	}
-	return p
 }
 
 // warmPools is every pool's size: what was set through the API, and the
@@ -125,7 +118,7 @@ func (e *Engine) WarmPool(ctx context.Context, project, template string) (WarmPo
 	if err != nil {
 		return WarmPool{}, err
 	}
-	wp := WarmPool{Template: template, MinReady: pools[store.PoolRef{Project: projectOr(project), Template: template}]}
+	wp := WarmPool{Template: template, MinReady: pools[store.PoolRef{Project: store.ProjectOr(project), Template: template}]}
 	if p, err := e.poolOf(ctx, project, template); err == nil {
 		sbs, err := e.store.PoolSandboxes(ctx, p.key)
 		if err != nil {
@@ -313,7 +306,7 @@ func (e *Engine) createPooled(ctx context.Context, p pool) error {
 		ID: ids.New(ids.Sandbox), State: sandbox.Starting, Template: p.tpl, Runtime: e.cfg.DefaultRuntime, Resources: DefaultResources,
 		Env: map[string]string{}, Metadata: map[string]string{}, AutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: "720h", IdleAction: "none"},
 		Network:   &sandbox.Network{Egress: "none", Allow: []string{}, Deny: []string{}}, // its user's policy comes with the claim
-		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: p.key, Node: e.cfg.Node, Project: projectOr(p.project),
+		CreatedAt: now, UpdatedAt: now, LastActiveAt: now, Pool: p.key, Node: e.cfg.Node, Project: store.ProjectOr(p.project),
 	}
 	if s := p.snap; s != nil {
 		sb.Snapshot, sb.Runtime, sb.Resources, sb.Env = s.ID, s.Runtime, s.Resources, maps.Clone(s.Env)

@@ -232,6 +232,10 @@ func (e *Engine) fromSnapshot(ctx context.Context, req *CreateRequest) (*sandbox
 	if err != nil {
 		return nil, err
 	}
+	// Another project's snapshot is one that does not exist.
+	if snap.Project != store.ProjectOr(req.Project) {
+		return nil, errdefs.New(errdefs.NotFound, "snapshot %s not found", req.Snapshot).WithDetails(map[string]any{"field": "snapshot"})
+	}
 	if snap.State != sandbox.SnapshotReady {
 		return nil, errdefs.New(errdefs.FailedPrecondition, "snapshot %s is %s", snap.ID, snap.State).WithDetails(map[string]any{"state": string(snap.State)})
 	}

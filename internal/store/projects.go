@@ -12,6 +12,15 @@ import (
 // before projects existed belong to it.
 const DefaultProject = "default"
 
+// ProjectOr is a record's project: records made before projects existed,
+// and requests the server makes itself, are the default project's.
+func ProjectOr(p string) string {
+	if p == "" {
+		return DefaultProject
+	}
+	return p
+}
+
 var projectName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$`)
 
 // ValidProject checks a project's name (its id): 1 to 40 lowercase

@@ -17,15 +17,6 @@ import (
 	"github.com/spacesandbox/space/internal/store"
 )
 
-// projectOr is a record's project: records made before projects existed
-// have none in their document and belong to the default project.
-func projectOr(p string) string {
-	if p == "" {
-		return store.DefaultProject
-	}
-	return p
-}
-
 func (s *Store) CreateProject(ctx context.Context, p *store.Project) error {
 	if err := store.ValidProject(p.Name); err != nil {
 		return err

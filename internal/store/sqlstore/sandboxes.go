@@ -21,7 +21,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox, op *sand
 			return err
 		}
 		if sb.Pool == "" {
-			if err := admit(ctx, tx, projectOr(sb.Project), sandboxUsage(sb, sandbox.Starting)); err != nil {
+			if err := admit(ctx, tx, store.ProjectOr(sb.Project), sandboxUsage(sb, sandbox.Starting)); err != nil {
 				return err
 			}
 		}
@@ -51,7 +51,7 @@ func (s *Store) BeginFork(ctx context.Context, op *sandbox.Operation, forks []*s
 			more.MemoryMiB, more.DiskMiB = more.MemoryMiB+u.MemoryMiB, more.DiskMiB+u.DiskMiB
 		}
 		if len(forks) > 0 {
-			if err := admit(ctx, tx, projectOr(forks[0].Project), more); err != nil {
+			if err := admit(ctx, tx, store.ProjectOr(forks[0].Project), more); err != nil {
 				return err
 			}
 		}
@@ -183,7 +183,7 @@ func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, er
 		return nil, fmt.Errorf("decode sandbox %s: %w", id, err)
 	}
 	sb.ActiveOperation, sb.Pool = active, pool
-	sb.Project = projectOr(sb.Project)
+	sb.Project = store.ProjectOr(sb.Project)
 	return &sb, nil
 }
 
@@ -202,7 +202,7 @@ func getOperation(ctx context.Context, q querier, id string) (*sandbox.Operation
 		return nil, fmt.Errorf("decode operation %s: %w", id, err)
 	}
 	op.From = sandbox.State(from)
-	op.Project = projectOr(op.Project)
+	op.Project = store.ProjectOr(op.Project)
 	return &op, nil
 }
 
@@ -257,7 +257,7 @@ func (s *Store) ListSandboxes(ctx context.Context, q store.SandboxQuery) (store.
 			return page, fmt.Errorf("decode sandbox: %w", err)
 		}
 		sb.ActiveOperation, sb.Pool = active, pool
-		sb.Project = projectOr(sb.Project)
+		sb.Project = store.ProjectOr(sb.Project)
 		page.Items = append(page.Items, sb)
 		lastSeq = seq
 	}
@@ -304,7 +304,7 @@ func (s *Store) ListOperations(ctx context.Context, q store.OperationQuery) (sto
 			return page, fmt.Errorf("decode operation: %w", err)
 		}
 		op.From = sandbox.State(from)
-		op.Project = projectOr(op.Project)
+		op.Project = store.ProjectOr(op.Project)
 		page.Items = append(page.Items, op)
 		lastSeq = seq
 	}
@@ -338,7 +338,7 @@ func (s *Store) UnfinishedOperations(ctx context.Context, node string) ([]sandbo
 			return nil, fmt.Errorf("decode operation: %w", err)
 		}
 		op.From = sandbox.State(from)
-		op.Project = projectOr(op.Project)
+		op.Project = store.ProjectOr(op.Project)
 		ops = append(ops, op)
 	}
 	return ops, rows.Err()

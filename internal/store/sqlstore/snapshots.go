@@ -19,7 +19,7 @@ func (s *Store) BeginSnapshot(ctx context.Context, op *sandbox.Operation, snap *
 	return s.begin(ctx, op, decide, func(tx *tx) error {
 		// A snapshot's size is known only once it is saved: a project at
 		// its snapshot quota takes no new one.
-		if err := admit(ctx, tx, projectOr(snap.Project), store.Usage{SnapshotMiB: 1}); err != nil {
+		if err := admit(ctx, tx, store.ProjectOr(snap.Project), store.Usage{SnapshotMiB: 1}); err != nil {
 			return err
 		}
 		return writeSnapshot(ctx, tx, snap, true)
@@ -27,7 +27,7 @@ func (s *Store) BeginSnapshot(ctx context.Context, op *sandbox.Operation, snap *
 }
 
 func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert bool) error {
-	snap.Project = projectOr(snap.Project)
+	snap.Project = store.ProjectOr(snap.Project)
 	doc, err := json.Marshal(snap)
 	if err != nil {
 		return fmt.Errorf("encode snapshot: %w", err)
@@ -53,7 +53,7 @@ func writeSnapshot(ctx context.Context, tx *tx, snap *sandbox.Snapshot, insert b
 func getSnapshot(ctx context.Context, q querier, id string) (*sandbox.Snapshot, error) {
 	snap, err := getDoc[sandbox.Snapshot](ctx, q, "snapshots", "snapshot", id)
 	if err == nil {
-		snap.Project = projectOr(snap.Project)
+		snap.Project = store.ProjectOr(snap.Project)
 	}
 	return snap, err
 }
@@ -95,7 +95,7 @@ func (s *Store) ListSnapshots(ctx context.Context, q store.SnapshotQuery) (store
 	if err != nil {
 		return page, fmt.Errorf("list snapshots: %w", err)
 	}
-	return docPage(rows, limit, "snapshot", func(snap *sandbox.Snapshot) { snap.Project = projectOr(snap.Project) })
+	return docPage(rows, limit, "snapshot", func(snap *sandbox.Snapshot) { snap.Project = store.ProjectOr(snap.Project) })
 }
 
 // docPage reads a page of (seq, doc) rows asked for with limit+1: at most
