@@ -155,7 +155,17 @@ func TestProjects(t *testing.T) {
 	if r := s.do("POST", "/v1/snapshots/"+snapA+":tag", a.admin, []byte(`{"template":"atpl:v1"}`)); r.status != 200 {
 		t.Fatalf("tag a's snapshot = %d %s", r.status, r.body)
 	}
-	aIDs := []string{sbxA, snapA, opA, sessA.SessionID, "atpl", a.memberID}
+	// And a template a's admin built (a name of a's from then on).
+	br := s.do("POST", "/v1/templates", a.admin, []byte(`{"name":"aonly","tag":"v1","base":"test:latest","env":{"BUILT_BY":"team-a"}}`))
+	var built struct{ Operation client.Operation }
+	br.json(t, &built)
+	if br.status != 202 {
+		t.Fatalf("a's template build = %d %s", br.status, br.body)
+	}
+	if op := waitOpAs(t, s, a.admin, built.Operation.ID); op.State != "succeeded" {
+		t.Fatalf("a's template build failed: %+v", op.Error)
+	}
+	aIDs := []string{sbxA, snapA, opA, sessA.SessionID, "atpl", "aonly", a.memberID}
 
 	t.Run("CrossProjectNativeAPI", func(t *testing.T) {
 		var spec struct {
@@ -255,7 +265,8 @@ func TestProjects(t *testing.T) {
 			t.Fatalf("only %d routes tried: is the OpenAPI document served?", tried)
 		}
 		// Creates that name a's objects do not find them.
-		for body, what := range map[string]string{`{"snapshot":"` + snapA + `"}`: "snapshot", `{"template":"atpl:v1"}`: "template"} {
+		for body, what := range map[string]string{`{"snapshot":"` + snapA + `"}`: "snapshot", `{"template":"atpl:v1"}`: "snapshot tagged as a template",
+			`{"template":"aonly:v1"}`: "template"} {
 			if r := s.do("POST", "/v1/sandboxes", b.member, []byte(body)); r.status != 404 {
 				t.Errorf("team-b creating from team-a's %s = %d %s", what, r.status, r.body)
 			}
@@ -333,8 +344,10 @@ func TestProjects(t *testing.T) {
 					t.Errorf("E2B %s on team-a's sandbox as team-b = %d %s", rt, r.status, r.body)
 				}
 			}
-			if r := s.doAt(s.ecwAddr, "POST", "/sandboxes", "", []byte(`{"templateID":"`+snapA+`"}`), "X-API-Key: "+key); r.status != 404 {
-				t.Errorf("E2B create from team-a's snapshot as team-b = %d %s", r.status, r.body)
+			for _, tpl := range []string{snapA, "aonly"} {
+				if r := s.doAt(s.ecwAddr, "POST", "/sandboxes", "", []byte(`{"templateID":"`+tpl+`"}`), "X-API-Key: "+key); r.status != 404 {
+					t.Errorf("E2B create from team-a's %s as team-b = %d %s", tpl, r.status, r.body)
+				}
 			}
 			if r := ecw("DELETE", "/templates/"+snapA, key); r.status != 404 {
 				t.Errorf("E2B delete of team-a's snapshot as team-b = %d %s", r.status, r.body)

@@ -18,7 +18,6 @@ import (
 	"github.com/spacesandbox/space/internal/auth"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
-	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/store"
 )
 
@@ -237,15 +236,6 @@ func (s *Server) claimName(ctx context.Context, name string) error {
 		}
 	}
 	return s.projects.ClaimTemplate(ctx, project, name, time.Now().UTC())
-}
-
-// createVisible refuses a create that names another project's template as
-// if it did not exist (the engine does the same for snapshots).
-func (s *Server) createVisible(ctx context.Context, req lifecycle.CreateRequest) error {
-	if req.Template != "" {
-		return s.templateVisible(ctx, auth.Project(ctx), templateName(req.Template))
-	}
-	return nil
 }
 
 // templateName is the name part of a template reference (name:tag).

@@ -118,9 +118,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p params)
 		if err := decodeJSON(r.Header.Get("Content-Type"), body, &req); err != nil {
 			return response{}, err
 		}
-		if err := s.createVisible(r.Context(), req); err != nil {
-			return response{}, err
-		}
 		req.Project = auth.Project(r.Context())
 		build := func(sb *sandbox.Sandbox, op *sandbox.Operation) any {
 			return createResponse{Sandbox: s.present(sb), Operation: op}

@@ -255,9 +255,6 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	creq.Project = auth.Project(r.Context())
-	if err := s.visible(r.Context(), creq); err != nil {
-		return err
-	}
 	sb, op, err := s.cfg.Engine.Create(r.Context(), creq, nil)
 	if err != nil {
 		return err
@@ -336,23 +333,6 @@ func shortID(composite string) (string, bool) {
 		}
 	}
 	return id, true
-}
-
-// visible refuses a create that names another project's template as E2B
-// answers an unknown one (the engine refuses another project's snapshot).
-func (s *Server) visible(ctx context.Context, req lifecycle.CreateRequest) error {
-	if req.Template == "" || s.cfg.Owners == nil {
-		return nil
-	}
-	owners, err := s.cfg.Owners.TemplateOwners(ctx)
-	if err != nil {
-		return err
-	}
-	name, _, _ := strings.Cut(req.Template, ":")
-	if o, ok := owners[name]; ok && o != req.Project {
-		return errdefs.New(errdefs.NotFound, "template '%s' not found", name)
-	}
-	return nil
 }
 
 // sandboxNotFound is E2B's 404 for a sandbox.

@@ -81,18 +81,10 @@ type Config struct {
 	// Forwarder, in a cluster, serves a sandbox's envd, port and metrics
 	// requests by the node that runs it (nil: every sandbox runs here).
 	Forwarder Forwarder
-	// Owners says which project built each template name (nil: every
-	// template is shared).
-	Owners TemplateOwners
 	// Audit records every authenticated change (nil: none); Limiter
 	// bounds each key's request rate (nil: one of the layer's own).
 	Audit   *audit.Log
 	Limiter *auth.Limiter
-}
-
-// TemplateOwners maps the template names projects built to their project.
-type TemplateOwners interface {
-	TemplateOwners(ctx context.Context) (map[string]string, error)
 }
 
 // Forwarder sends a request to the node that runs a sandbox

@@ -13,6 +13,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,9 @@ type Store interface {
 	store.Sandboxes
 	store.Snapshots
 	store.Pools
+	// TemplateOwners says which project built each template name: a
+	// create names only its own project's or shared ones.
+	TemplateOwners(ctx context.Context) (map[string]string, error)
 }
 
 // Templates resolves a template reference to the digest a sandbox records.
@@ -309,6 +313,17 @@ func (r Render) completion(sb *sandbox.Sandbox, op *sandbox.Operation) *store.Co
 
 // Create records a new sandbox and its create operation and starts it.
 func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
+	if req.Template != "" {
+		// Another project's template is one that does not exist.
+		owners, err := e.store.TemplateOwners(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		name, _, _ := strings.Cut(req.Template, ":")
+		if o, ok := owners[name]; ok && o != store.ProjectOr(req.Project) {
+			return nil, nil, errdefs.New(errdefs.NotFound, "template %s not found", name).WithDetails(map[string]any{"field": "template"})
+		}
+	}
 	var snap *sandbox.Snapshot
 	if req.Snapshot == "" && req.Template != "" {
 		// A snapshot tagged as this template starts it.

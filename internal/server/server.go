@@ -341,7 +341,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		}
 		ecwAddr = ln.Addr().String()
 		ecfg := ecw.Config{Engine: eng, Commands: cmds, Tokens: tokens, Metrics: m, Logger: log, Ingress: ing, Domain: cfg.SandboxDomain, Usage: sampler,
-			Owners: st, Audit: auditLog, Limiter: limiter}
+			Audit: auditLog, Limiter: limiter}
 		if clu != nil {
 			ecfg.Forwarder = clu.ECWForwarder()
 		}
