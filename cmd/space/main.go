@@ -9,5 +9,5 @@ import (
 )
 
 func main() {
-	os.Exit(cli.Main(os.Args, cli.Options{Host: host}))
+	os.Exit(cli.Main(os.Args, cli.Options{Host: host, Baseline: baseline}))
 }

@@ -35,11 +35,16 @@ type Config struct {
 	EgressURL   string
 	EgressBytes int64
 	EgressOnly  bool
-	Out         io.Writer
+	// Baseline, when set, makes the bare runtime each row is compared
+	// with (baseline.go), measured in the same run after SPACE's rows.
+	Baseline func(ctx context.Context, runtime string, spec BareSpec) (Bare, error)
+	Out      io.Writer
 }
 
 // Row is one measured target.
 type Row struct {
+	// Key names the work the row measures (the bare row it compares with).
+	Key     string    `json:"key,omitempty"`
 	Name    string    `json:"name"`
 	Unit    string    `json:"unit"`
 	Samples int       `json:"samples"`
@@ -48,6 +53,12 @@ type Row struct {
 	Value   float64   `json:"value,omitempty"` // for throughput rows
 	Target  string    `json:"target"`
 	Raw     []float64 `json:"raw,omitempty"`
+	// With a baseline: the bare runtime's p50 for the same work (same
+	// unit), what it measured, and SPACE's p50 over it.
+	Bare     float64   `json:"bare,omitempty"`
+	BareRaw  []float64 `json:"bare_raw,omitempty"`
+	BareNote string    `json:"bare_note,omitempty"`
+	Ratio    float64   `json:"ratio,omitempty"`
 }
 
 // Report is the whole run.
@@ -55,6 +66,8 @@ type Report struct {
 	Runtime string    `json:"runtime"`
 	When    time.Time `json:"when"`
 	Rows    []Row     `json:"rows"`
+	// Baseline: the rows carry the bare runtime's figures.
+	Baseline bool `json:"baseline,omitempty"`
 }
 
 func pct(xs []float64, p float64) float64 {
@@ -67,13 +80,19 @@ func pct(xs []float64, p float64) float64 {
 	return s[i]
 }
 
-func latencyRow(name, target string, ds []time.Duration) Row {
+func latencyRow(key bareKey, name, target string, ds []time.Duration) Row {
 	ms := make([]float64, len(ds))
 	for i, d := range ds {
 		ms[i] = float64(d.Microseconds()) / 1000
 	}
-	return Row{Name: name, Unit: "ms", Samples: len(ms), P50: pct(ms, .5), P95: pct(ms, .95), Target: target, Raw: ms}
+	return Row{Key: string(key), Name: name, Unit: "ms", Samples: len(ms), P50: pct(ms, .5), P95: pct(ms, .95), Target: target, Raw: ms}
 }
+
+func rateRow(key bareKey, name, unit, target string, v float64) Row {
+	return Row{Key: string(key), Name: name, Unit: unit, Samples: 1, Value: v, P50: v, P95: v, Target: target}
+}
+
+func (b *bench) say(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
 
 type bench struct {
 	cfg Config
@@ -147,7 +166,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			c.Lifecycle(context.WithoutCancel(ctx), "delete", id, "")
 		}
 	}()
-	say := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+	say := b.say
 
 	say("create → running, %d runs", cfg.Runs)
 	var ds []time.Duration
@@ -179,7 +198,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		defer func() { rep.Rows = append(rep.Rows, rows...) }()
 	}
-	rep.Rows = append(rep.Rows, latencyRow("create → running (API call to operation succeeded; a warm pool serves it when one is set)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds))
+	rep.Rows = append(rep.Rows, latencyRow(bareCreate, "create → running (API call to operation succeeded; a warm pool serves it when one is set)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds))
 
 	say("exec round trip (`true`), %d runs", cfg.Runs)
 	ds = nil
@@ -190,15 +209,26 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		ds = append(ds, d)
 	}
-	rep.Rows = append(rep.Rows, latencyRow("exec round trip: session + attach + true → process_exited", "p50 ≤ 5 ms", ds))
+	rep.Rows = append(rep.Rows, latencyRow(bareExec, "exec round trip: session + attach + true → process_exited", "p50 ≤ 5 ms", ds))
 
-	say("stdout streaming, %d MiB", cfg.StreamBytes>>20)
-	d, n, err := b.run(ctx, id, "head", "-c", fmt.Sprint(cfg.StreamBytes), "/dev/zero")
-	if err != nil {
-		return nil, err
+	for _, s := range []struct {
+		key  bareKey
+		argv []string
+		what string
+	}{
+		{bareDD, ddArgv(cfg.StreamBytes), fmt.Sprintf("dd bs=1M count=%d", cfg.StreamBytes>>20)},
+		{bareHead, headArgv(cfg.StreamBytes), fmt.Sprintf("head -c %d /dev/zero", cfg.StreamBytes)},
+	} {
+		say("stdout streaming: %s", s.what)
+		d, n, err := b.run(ctx, id, s.argv...)
+		if err != nil {
+			return nil, err
+		}
+		if n != cfg.StreamBytes {
+			return nil, fmt.Errorf("%s streamed %d bytes, want %d", s.what, n, cfg.StreamBytes)
+		}
+		rep.Rows = append(rep.Rows, rateRow(s.key, "stdout streaming to an SSE client ("+s.what+")", "MiB/s", "≥ 0.8× bare", float64(n)/(1<<20)/d.Seconds()))
 	}
-	mibs := float64(n) / (1 << 20) / d.Seconds()
-	rep.Rows = append(rep.Rows, Row{Name: fmt.Sprintf("stdout streaming to an SSE client (head -c %d /dev/zero)", cfg.StreamBytes), Unit: "MiB/s", Samples: 1, Value: mibs, P50: mibs, P95: mibs, Target: "≥ 200 MiB/s"})
 
 	say("pause/wake, %d runs", cfg.Runs)
 	var pauses, wakes []time.Duration
@@ -213,13 +243,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		pauses, wakes = append(pauses, p), append(wakes, w)
 	}
-	rep.Rows = append(rep.Rows, latencyRow("pause → paused", "p50 ≤ 20 ms", pauses), latencyRow("wake (paused) → running", "p50 ≤ 20 ms", wakes))
+	rep.Rows = append(rep.Rows, latencyRow(barePause, "pause → paused", "p50 ≤ 20 ms; ≤ 1.1× bare", pauses), latencyRow(bareResume, "wake (paused) → running", "p50 ≤ 20 ms; ≤ 1.1× bare", wakes))
 
 	runs := max(1, cfg.Runs/2)
 	say("suspend/wake with %d MiB dirty, %d runs", cfg.DirtyMiB, runs)
 	var susp, rest []time.Duration
 	for i := 0; i < runs; i++ {
-		if _, _, err := b.run(ctx, id, "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom > /tmp/space-bench-dirty", cfg.DirtyMiB<<20)); err != nil {
+		if _, _, err := b.run(ctx, id, dirtyArgv(cfg.DirtyMiB)...); err != nil {
 			return nil, err
 		}
 		s, err := b.step(ctx, id, "suspend")
@@ -232,8 +262,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		susp, rest = append(susp, s), append(rest, w)
 	}
-	rep.Rows = append(rep.Rows, latencyRow(fmt.Sprintf("suspend → suspended (%d MiB dirty)", cfg.DirtyMiB), "p50 ≤ 300 ms", susp),
-		latencyRow("wake (suspended) → running", "p50 ≤ 150 ms", rest))
+	rep.Rows = append(rep.Rows, latencyRow(bareSuspend, fmt.Sprintf("suspend → suspended (%d MiB dirty)", cfg.DirtyMiB), "p50 ≤ 300 ms; ≤ 1.1× bare", susp),
+		latencyRow(bareWake, "wake (suspended) → running", "p50 ≤ 150 ms; < bare", rest))
 
 	say("fork ×1 with %d MiB dirty, %d runs", cfg.DirtyMiB, runs)
 	var forks []time.Duration
@@ -262,7 +292,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	if len(forks) > 0 {
-		rep.Rows = append(rep.Rows, latencyRow(fmt.Sprintf("fork ×1 → running (%d MiB dirty)", cfg.DirtyMiB), "gvisor p50 ≤ 300 ms", forks))
+		rep.Rows = append(rep.Rows, latencyRow(bareFork, fmt.Sprintf("fork ×1 → running (%d MiB dirty)", cfg.DirtyMiB), "gvisor p50 ≤ 300 ms", forks))
 		say("create from a snapshot (%d MiB dirty), %d runs", cfg.DirtyMiB, runs)
 		snap, op, err := c.CreateSnapshot(ctx, id, "", "")
 		if err != nil {
@@ -286,7 +316,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			froms = append(froms, time.Since(start))
 			c.Lifecycle(ctx, "delete", out.Sandbox.ID, "")
 		}
-		rep.Rows = append(rep.Rows, latencyRow(fmt.Sprintf("create from a snapshot → running (%d MiB dirty)", cfg.DirtyMiB), "≤ create from the template", froms))
+		rep.Rows = append(rep.Rows, latencyRow(bareWake, fmt.Sprintf("create from a snapshot → running (%d MiB dirty)", cfg.DirtyMiB), "≤ create from the template", froms))
 	}
 
 	say("control-plane reads for %.0fs", cfg.ReadSeconds)
@@ -294,8 +324,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep.Rows = append(rep.Rows, Row{Name: "control-plane reads: GET /v1/sandboxes/{id}, 16 connections", Unit: "req/s", Samples: 1, Value: rps, P50: rps, P95: rps, Target: "≥ 10,000 req/s"})
+	rep.Rows = append(rep.Rows, rateRow("reads", "control-plane reads: GET /v1/sandboxes/{id}, 16 connections", "req/s", "≥ 10,000 req/s", rps))
 
+	if cfg.Baseline != nil {
+		if err := b.baseline(ctx, rep, id); err != nil {
+			return nil, err
+		}
+	}
 	printTable(cfg.Out, rep)
 	return rep, nil
 }
@@ -338,12 +373,46 @@ func readRate(ctx context.Context, cfg Config, id string) (float64, error) {
 	return float64(count.Load()) / time.Since(start).Seconds(), nil
 }
 
+// baseline measures the bare runtime doing each row's work with the
+// template and resources of the SPACE sandbox id, and fills the rows' bare
+// columns.
+func (b *bench) baseline(ctx context.Context, rep *Report, id string) error {
+	sb, err := b.c.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	bare, err := b.cfg.Baseline(ctx, rep.Runtime, BareSpec{TemplateDigest: sb.Template.Digest, Resources: sb.Resources})
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	defer bare.Close()
+	rows, err := b.bareRows(ctx, bare)
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	withBaseline(rep, rows)
+	rep.Baseline = true
+	return nil
+}
+
 func printTable(w io.Writer, rep *Report) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "runtime %s\n", rep.Runtime)
-	fmt.Fprintln(tw, "WHAT\tN\tP50\tP95\tTARGET")
+	if !rep.Baseline {
+		fmt.Fprintln(tw, "WHAT\tN\tP50\tP95\tTARGET")
+		for _, r := range rep.Rows {
+			fmt.Fprintf(tw, "%s\t%d\t%.1f %s\t%.1f %s\t%s\n", r.Name, r.Samples, r.P50, r.Unit, r.P95, r.Unit, r.Target)
+		}
+		tw.Flush()
+		return
+	}
+	fmt.Fprintln(tw, "WHAT\tN\tP50\tP95\tBARE P50\tSPACE/BARE\tTARGET\tBARE MEASURED")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f %s\t%.1f %s\t%s\n", r.Name, r.Samples, r.P50, r.Unit, r.P95, r.Unit, r.Target)
+		bare, ratio := "—", "—"
+		if r.Bare > 0 {
+			bare, ratio = fmt.Sprintf("%.1f %s", r.Bare, r.Unit), fmt.Sprintf("%.2f", r.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f %s\t%.1f %s\t%s\t%s\t%s\t%s\n", r.Name, r.Samples, r.P50, r.Unit, r.P95, r.Unit, bare, ratio, r.Target, r.BareNote)
 	}
 	tw.Flush()
 }

@@ -83,6 +83,6 @@ func (b *bench) egressRows(ctx context.Context, id string) ([]Row, error) {
 	}
 	return []Row{
 		{Name: fmt.Sprintf("egress TCP download into the sandbox (curl, %d MiB)", b.cfg.EgressBytes>>20), Unit: "Gbit/s", Samples: 1, Value: gbits, P50: gbits, P95: gbits, Target: "gvisor ≥ 1 Gbit/s"},
-		latencyRow("egress new TCP connection (curl time_connect)", "≤ 1 ms over two plain namespaces", conns),
+		latencyRow("", "egress new TCP connection (curl time_connect)", "≤ 1 ms over two plain namespaces", conns),
 	}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 
 	"github.com/spacesandbox/space/internal/bench"
 )
@@ -21,6 +22,9 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 	out := fs.String("json-out", "", "also write the report as JSON to this file")
 	egress := fs.String("egress-url", "", "also measure egress from a sandbox: a URL it can reach that answers ?n=N with N bytes")
 	egressOnly := fs.Bool("egress-only", false, "measure only the egress rows (needs --egress-url)")
+	base := fs.Bool("baseline", false, "also measure the bare runtime doing each row's work on this host, and the ratio (needs the server's --data-dir; root)")
+	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "with --baseline: the server's data directory (env SPACE_DATA_DIR)")
+	runsc := fs.String("runsc", os.Getenv("SPACE_RUNSC"), "with --baseline: runsc binary (default: from PATH) (env SPACE_RUNSC)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -39,6 +43,15 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 	}
 	if cfg.Runs < 1 {
 		return fmt.Errorf("%w: --runs must be at least 1", errUsage)
+	}
+	if *base {
+		if o.Baseline == nil {
+			return fmt.Errorf("--baseline: this binary has no bare runtimes")
+		}
+		bc := BaselineConfig{DataDir: *dataDir, Runsc: *runsc}
+		cfg.Baseline = func(ctx context.Context, rt string, spec bench.BareSpec) (bench.Bare, error) {
+			return o.Baseline(ctx, rt, bc, spec)
+		}
 	}
 	rep, err := bench.Run(ctx, cfg)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/bench"
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/server"
 )
@@ -26,6 +27,16 @@ type Options struct {
 	Host           server.HostFunc
 	Stdout, Stderr io.Writer
 	Stdin          io.Reader
+	// Baseline makes the bare runtime of `space bench --baseline`.
+	Baseline func(ctx context.Context, runtime string, cfg BaselineConfig, spec bench.BareSpec) (bench.Bare, error)
+}
+
+// BaselineConfig is where `space bench --baseline` finds the server's
+// files and the runtime's binaries on this host.
+type BaselineConfig struct {
+	DataDir  string // the server's data directory (its templates)
+	Runsc    string // "" = from PATH
+	Platform string // runsc's platform ("" = systrap, as the server)
 }
 
 // exitError carries a process exit code.
@@ -55,7 +66,7 @@ Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space node list | cordon NODE | uncordon NODE | drain NODE   (a cluster's nodes)
   space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
   space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
-  space bench [--runtime R --template T --runs N --quick --json-out FILE]
+  space bench [--runtime R --template T --runs N --quick --json-out FILE --baseline --data-dir D]
 
 Add --json to client verbs for machine-readable output.
 `

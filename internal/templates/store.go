@@ -113,11 +113,16 @@ func Open(dir string) (*Store, error) {
 func hexOf(digest string) string { return strings.TrimPrefix(digest, "sha256:") }
 
 // RootfsPath is the root file system of a template digest.
-func (s *Store) RootfsPath(digest string) (string, error) {
+func (s *Store) RootfsPath(digest string) (string, error) { return RootfsIn(s.dir, digest) }
+
+// RootfsIn is the root file system of a template digest in the store at
+// dir, read without opening the store (which tidies it: for a reader
+// beside a running server, such as `space bench --baseline`).
+func RootfsIn(dir, digest string) (string, error) {
 	if !digestRE.MatchString(digest) {
 		return "", errdefs.New(errdefs.InvalidArgument, "malformed digest %q", digest)
 	}
-	p := filepath.Join(s.dir, "blobs", hexOf(digest), "rootfs")
+	p := filepath.Join(dir, "blobs", hexOf(digest), "rootfs")
 	if _, err := os.Stat(p); err != nil {
 		return "", errdefs.New(errdefs.NotFound, "template %s not found", digest)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/spacesandbox/space/internal/runtime"
@@ -50,6 +51,9 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs, agent string) map[string]an
 	res := spec.Resources
 	const period = 100000
 	args := []string{AgentPath, "--connect", "unix:" + RunDir + "/agent.sock"}
+	if agent == "" { // a Bare sandbox (bare.go): no agent
+		args = []string{"/bin/sleep", "infinity"}
+	}
 	mounts := []map[string]any{
 		{"destination": "/proc", "type": "proc", "source": "proc"},
 		{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
@@ -57,16 +61,18 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs, agent string) map[string]an
 		{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "noexec", "nodev", "ro"}},
 		{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev", "mode=755"}},
-		{"destination": AgentPath, "type": "bind", "source": agent, "options": []string{"rbind", "ro"}},
 		// Read-only: the agent only connects to the socket in it (a
 		// connect needs no write access to a mount); nothing the sandbox
 		// writes may land on the host outside its disk limit (#14 item 1).
 		{"destination": RunDir, "type": "bind", "source": r.socketDir(spec.SandboxID), "options": []string{"rbind", "ro"}},
 	}
+	if agent != "" { // before the socket directory, as saves made so far expect
+		mounts = slices.Insert(mounts, len(mounts)-1, map[string]any{"destination": AgentPath, "type": "bind", "source": agent, "options": []string{"rbind", "ro"}})
+	}
 	// gVisor does not honour setuid bits, so a template's sudo cannot work;
 	// the agent serves it instead (internal/agent/sudo.go), following the
 	// template's sudoers.
-	if fi, err := os.Lstat(filepath.Join(rootfs, SudoPath)); err == nil && fi.Mode().IsRegular() {
+	if fi, err := os.Lstat(filepath.Join(rootfs, SudoPath)); err == nil && fi.Mode().IsRegular() && agent != "" {
 		args = append(args, "--sudo")
 		mounts = append(mounts, map[string]any{"destination": SudoPath, "type": "bind", "source": agent, "options": []string{"rbind", "ro"}})
 	}

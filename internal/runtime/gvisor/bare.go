@@ -1,0 +1,152 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// Bare is one sandbox run by runsc alone — the floor `space bench
+// --baseline` compares SPACE with: the same runsc, platform, global flags,
+// OCI bundle (mounts, limits, namespaces) and template root file system as
+// SPACE's sandboxes, with `sleep infinity` as init instead of the agent and
+// no network (runsc --network none). Commands run by `runsc exec` with
+// their stdio on host pipes, as a user of bare gVisor would run them.
+type Bare struct {
+	r      *Runtime
+	spec   runtime.Spec
+	dir    string
+	rootfs string
+}
+
+// fixedTemplate is the one template root a Bare runs.
+type fixedTemplate string
+
+func (f fixedTemplate) RootfsPath(string) (string, error)       { return string(f), nil }
+func (fixedTemplate) Config(string) (map[string]string, string) { return nil, "" }
+
+// NewBare readies a bare sandbox of the template root rootfs with the given
+// resources; its bundle, runsc state and checkpoints live under dir, which
+// Close removes.
+func NewBare(runsc, platform, dir, rootfs string, res sandbox.Resources) (*Bare, error) {
+	if platform == "" {
+		platform = "systrap"
+	}
+	r := &Runtime{cfg: Config{Runsc: runsc, Dir: dir, SocketDir: filepath.Join(dir, "s"), Templates: fixedTemplate(rootfs), Platform: platform}}
+	for _, d := range []string{filepath.Join(dir, "runsc"), r.cfg.SocketDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("bare gvisor: %w", err)
+		}
+	}
+	b := &Bare{r: r, dir: dir, rootfs: rootfs, spec: runtime.Spec{SandboxID: "bare", Resources: res, SnapshotDir: filepath.Join(dir, "checkpoint")}}
+	if err := r.writeBundle(b.spec, rootfs, ""); err != nil {
+		return nil, fmt.Errorf("bare gvisor: bundle: %w", err)
+	}
+	return b, nil
+}
+
+// Create runs the sandbox (runsc run --detach) and its first command
+// (runsc exec true): the work SPACE's create does before its operation
+// succeeds.
+func (b *Bare) Create(ctx context.Context) error {
+	if err := b.r.start(ctx, b.spec, "run", "--detach", "--bundle", b.r.bundleDir(b.spec.SandboxID), b.spec.SandboxID); err != nil {
+		return err
+	}
+	return b.Exec(ctx, io.Discard, "true")
+}
+
+// Exec runs argv in the sandbox with runsc exec, its stdout copied to w
+// through a host pipe, and waits for it to exit (non-zero is an error).
+func (b *Bare) Exec(ctx context.Context, w io.Writer, argv ...string) error {
+	return b.exec(ctx, b.spec, w, argv...)
+}
+
+func (b *Bare) exec(ctx context.Context, spec runtime.Spec, w io.Writer, argv ...string) error {
+	args := append(b.r.globalFlags(spec), append([]string{"exec", spec.SandboxID}, argv...)...)
+	cmd := exec.CommandContext(ctx, b.r.cfg.Runsc, args...)
+	cmd.Stdout = w
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc exec %v: %w", argv, err)
+	}
+	return nil
+}
+
+// Pause and Resume are runsc pause and resume.
+func (b *Bare) Pause(ctx context.Context) error  { return b.r.freeze(ctx, b.spec, "pause", "paused") }
+func (b *Bare) Resume(ctx context.Context) error { return b.r.freeze(ctx, b.spec, "resume", "running") }
+
+// Suspend saves the sandbox to disk and ends it: runsc checkpoint, then
+// delete (what SPACE's suspend does, without its bookkeeping).
+func (b *Bare) Suspend(ctx context.Context) error {
+	os.RemoveAll(b.spec.SnapshotDir)
+	if err := os.MkdirAll(b.spec.SnapshotDir, 0o700); err != nil {
+		return err
+	}
+	if _, err := b.r.runsc(ctx, b.spec, "checkpoint", "--image-path", b.spec.SnapshotDir, b.spec.SandboxID); err != nil {
+		return err
+	}
+	_, err := b.r.runsc(ctx, b.spec, "delete", "--force", b.spec.SandboxID)
+	return err
+}
+
+// Wake restores the checkpoint (runsc restore --detach, memory paged in the
+// background as SPACE asks for) and runs the first command.
+func (b *Bare) Wake(ctx context.Context) error {
+	if err := b.r.start(ctx, b.spec, "restore", "--detach", "--background", "--image-path", b.spec.SnapshotDir, "--bundle", b.r.bundleDir(b.spec.SandboxID), b.spec.SandboxID); err != nil {
+		return err
+	}
+	return b.Exec(ctx, io.Discard, "true")
+}
+
+// Fork saves the running sandbox with runsc checkpoint --leave-running,
+// restores the save as a second sandbox (its own bundle and overlay) and
+// runs its first command, then deletes the copy.
+func (b *Bare) Fork(ctx context.Context) error {
+	img := filepath.Join(b.dir, "fork-image")
+	os.RemoveAll(img)
+	if err := os.MkdirAll(img, 0o700); err != nil {
+		return err
+	}
+	if _, err := b.r.runsc(ctx, b.spec, "checkpoint", "--leave-running", "--image-path", img, b.spec.SandboxID); err != nil {
+		return err
+	}
+	cp := b.spec
+	cp.SandboxID = "bare-fork"
+	if err := b.r.writeBundle(cp, b.rootfs, ""); err != nil {
+		return err
+	}
+	defer func() {
+		b.r.runsc(context.WithoutCancel(ctx), cp, "delete", "--force", cp.SandboxID)
+		os.RemoveAll(b.r.sandboxDir(cp.SandboxID))
+		os.RemoveAll(img)
+	}()
+	if err := b.r.start(ctx, cp, "restore", "--detach", "--background", "--image-path", img, "--bundle", b.r.bundleDir(cp.SandboxID), cp.SandboxID); err != nil {
+		return err
+	}
+	return b.exec(ctx, cp, io.Discard, "true")
+}
+
+// Delete ends the sandbox (absent is success); the bundle stays for the
+// next Create.
+func (b *Bare) Delete(ctx context.Context) error {
+	st, err := b.r.state(ctx, b.spec)
+	if err != nil || st == nil {
+		return err
+	}
+	_, err = b.r.runsc(ctx, b.spec, "delete", "--force", b.spec.SandboxID)
+	return err
+}
+
+// Close deletes the sandbox and removes its directory.
+func (b *Bare) Close() error {
+	b.Delete(context.Background())
+	return os.RemoveAll(b.dir)
+}
