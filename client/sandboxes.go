@@ -200,13 +200,34 @@ func (c *Client) ListOperations(ctx context.Context, sandboxID string, o ListOpt
 
 // WaitOperation polls an operation until it is terminal or ctx ends.
 func (c *Client) WaitOperation(ctx context.Context, id string) (*Operation, error) {
-	// Short, bounded intervals: most operations finish in milliseconds,
-	// and a coarse interval would add up to itself to every wait.
+	// A long poll answers the moment the operation ends. A server from
+	// before ?wait= refuses it: then poll at short, bounded intervals (most
+	// operations finish in milliseconds, and a coarse interval would add up
+	// to itself to every wait).
+	if id == "" {
+		return nil, fmt.Errorf("empty operation id")
+	}
 	delay := time.Millisecond
+	long := true
 	for {
-		op, err := c.GetOperation(ctx, id)
+		var op *Operation
+		var err error
+		if long {
+			var out Operation
+			if _, err = c.Do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id)+"?wait=25s", nil, "", nil, &out); err == nil {
+				op = &out
+			} else if IsCode(err, "invalid_argument") {
+				long = false
+				continue
+			}
+		} else {
+			op, err = c.GetOperation(ctx, id)
+		}
 		if err != nil {
 			return nil, err
+		}
+		if long && !op.Done() {
+			continue
 		}
 		if op.Done() {
 			return op, nil

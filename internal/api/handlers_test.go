@@ -283,3 +283,24 @@ func TestWriteFileCutShortReplacesNothing(t *testing.T) {
 		t.Fatalf("the cut-short upload replaced the file (%d bytes)", len(b))
 	}
 }
+
+// GET /v1/operations/{id}?wait= is a long poll: a terminal operation
+// answers at once; a bad or too long wait is refused.
+func TestOperationLongPoll(t *testing.T) {
+	h := newHarness(t)
+	run := h.eng.Add(sandbox.Running)
+	op, err := h.eng.Pause(context.Background(), run.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"", "?wait=30s", "?wait=5", "?wait=0"} {
+		if w := h.call(h.api, "GET", "/v1/operations/"+op.ID+q, "", h.token); w.Code != 200 || !strings.Contains(w.Body.String(), `"state":"succeeded"`) {
+			t.Fatalf("GET %s: %d %s", q, w.Code, w.Body)
+		}
+	}
+	for _, q := range []string{"?wait=forever", "?wait=61s", "?wait=-1s", "?wait=1000", "?wait=1s&x=1"} {
+		if w := h.call(h.api, "GET", "/v1/operations/"+op.ID+q, "", h.token); w.Code != 400 || errorCode(w) != "invalid_argument" {
+			t.Fatalf("GET %s: %d %s", q, w.Code, w.Body)
+		}
+	}
+}

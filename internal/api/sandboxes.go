@@ -285,14 +285,35 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p params) 
 	if !ids.Valid(ids.Operation, id) {
 		return errdefs.New(errdefs.InvalidArgument, "malformed operation id %q", truncate(id, 64)).WithDetails(map[string]any{"field": "id"})
 	}
-	if _, err := query(r); err != nil {
+	q, err := query(r, "wait")
+	if err != nil {
+		return err
+	}
+	wait, err := waitParam(q.Get("wait"))
+	if err != nil {
 		return err
 	}
 	op, ok := loaded[*sandbox.Operation](r.Context())
 	if !ok || op.ID != id {
-		var err error
 		if op, err = s.engine.Operation(r.Context(), id); err != nil {
 			return err
+		}
+	}
+	if wait > 0 && !op.State.Terminal() {
+		// A long poll: answer when the operation ends, or at the wait
+		// with the operation as it is then.
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		done, err := s.engine.WaitOperation(ctx, id)
+		cancel()
+		switch {
+		case err == nil:
+			op = done
+		case r.Context().Err() != nil:
+			return r.Context().Err()
+		default:
+			if op, err = s.engine.Operation(r.Context(), id); err != nil {
+				return err
+			}
 		}
 	}
 	return edge.JSON(w, http.StatusOK, op)
@@ -349,4 +370,27 @@ func (s *Server) getMetrics(w http.ResponseWriter, r *http.Request, p params) er
 		items = s.usage.Series(id, bounds[0], bounds[1])
 	}
 	return edge.JSON(w, http.StatusOK, map[string]any{"items": items})
+}
+
+// MaxOperationWait bounds a long poll of an operation (?wait=).
+const MaxOperationWait = 60 * time.Second
+
+// waitParam reads ?wait= of GET /v1/operations/{id}: a Go duration
+// ("500ms", "30s") or whole seconds, at most MaxOperationWait.
+func waitParam(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, nerr := strconv.Atoi(v)
+		if nerr != nil || len(v) > 3 {
+			return 0, errdefs.New(errdefs.InvalidArgument, "wait must be a duration like 30s").WithDetails(map[string]any{"field": "wait"})
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d < 0 || d > MaxOperationWait {
+		return 0, errdefs.New(errdefs.InvalidArgument, "wait must be between 0 and %s", MaxOperationWait).WithDetails(map[string]any{"field": "wait"})
+	}
+	return d, nil
 }

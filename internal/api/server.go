@@ -104,6 +104,8 @@ type Engine interface {
 	TagSnapshot(ctx context.Context, id, ref string) (*sandbox.Snapshot, error)
 	UpdateNetwork(ctx context.Context, id string, n sandbox.Network) (*sandbox.Sandbox, error)
 	Operation(ctx context.Context, id string) (*sandbox.Operation, error)
+	// WaitOperation blocks until the operation is terminal or ctx ends.
+	WaitOperation(ctx context.Context, id string) (*sandbox.Operation, error)
 	Operations(ctx context.Context, q store.OperationQuery) (store.Page[sandbox.Operation], error)
 	StartBuild(ctx context.Context, project, ref string, render lifecycle.Render, build func(ctx context.Context) error) (*sandbox.Operation, error)
 	WarmPool(ctx context.Context, project, template string) (lifecycle.WarmPool, error)
