@@ -274,11 +274,17 @@ func testPathsStayInside(t *testing.T, rt string) {
 	_ = time.Second
 }
 
-// `space bench --quick` measures every row through the public API.
+// `space bench --quick` measures every row through the public API; on
+// gVisor with --baseline, bare runsc doing each row's work too.
 func testBenchQuick(t *testing.T, rt string) {
 	s := startRuntimeServer(t, rt)
 	out := filepath.Join(t.TempDir(), "bench.json")
-	stdout, stderr, code := s.runCLIWith(spaceBin, "bench", "--quick", "--template", "test:latest", "--json-out", out)
+	args := []string{"bench", "--quick", "--template", "test:latest", "--json-out", out}
+	baseline := rt == "gvisor"
+	if baseline {
+		args = append(args, "--baseline", "--data-dir", s.dataDir)
+	}
+	stdout, stderr, code := s.runCLIWith(spaceBin, args...)
 	if code != 0 {
 		t.Fatalf("bench exit %d: %s", code, stderr)
 	}
@@ -288,20 +294,26 @@ func testBenchQuick(t *testing.T, rt string) {
 		t.Fatal(err)
 	}
 	var rep struct {
-		Runtime string
-		Rows    []struct {
-			Name string
-			P50  float64
+		Runtime  string
+		Baseline bool
+		Rows     []struct {
+			Key, Name   string
+			P50         float64
+			Bare, Ratio float64
 		}
 	}
-	// Ten rows on every runtime, fork and create-from-snapshot included.
-	const want = 10
-	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != rt || len(rep.Rows) != want {
+	// Eleven rows on every runtime, fork and create-from-snapshot included.
+	const want = 11
+	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != rt || len(rep.Rows) != want || rep.Baseline != baseline {
 		t.Fatalf("report = %s (%v)", b, err)
 	}
 	for _, r := range rep.Rows {
 		if r.P50 <= 0 {
 			t.Fatalf("row %q measured nothing", r.Name)
+		}
+		// Every row but the control plane's reads has a bare equivalent.
+		if baseline && r.Key != "reads" && (r.Bare <= 0 || r.Ratio <= 0) {
+			t.Fatalf("row %q has no bare measurement: %s", r.Name, b)
 		}
 	}
 }

@@ -38,7 +38,9 @@ type Config struct {
 	// Baseline, when set, makes the bare runtime each row is compared
 	// with (baseline.go), measured in the same run after SPACE's rows.
 	Baseline func(ctx context.Context, runtime string, spec BareSpec) (Bare, error)
-	Out      io.Writer
+	// Density is how many idle sandboxes Density holds at once.
+	Density int
+	Out     io.Writer
 }
 
 // Row is one measured target.
@@ -50,6 +52,7 @@ type Row struct {
 	Samples int       `json:"samples"`
 	P50     float64   `json:"p50"`
 	P95     float64   `json:"p95"`
+	P99     float64   `json:"p99,omitempty"`
 	Value   float64   `json:"value,omitempty"` // for throughput rows
 	Target  string    `json:"target"`
 	Raw     []float64 `json:"raw,omitempty"`
@@ -401,7 +404,11 @@ func printTable(w io.Writer, rep *Report) {
 	if !rep.Baseline {
 		fmt.Fprintln(tw, "WHAT\tN\tP50\tP95\tTARGET")
 		for _, r := range rep.Rows {
-			fmt.Fprintf(tw, "%s\t%d\t%.1f %s\t%.1f %s\t%s\n", r.Name, r.Samples, r.P50, r.Unit, r.P95, r.Unit, r.Target)
+			target := r.Target
+			if r.P99 > 0 {
+				target = fmt.Sprintf("P99 %.1f %s; %s", r.P99, r.Unit, target)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.1f %s\t%.1f %s\t%s\n", r.Name, r.Samples, r.P50, r.Unit, r.P95, r.Unit, target)
 		}
 		tw.Flush()
 		return

@@ -22,6 +22,7 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 	out := fs.String("json-out", "", "also write the report as JSON to this file")
 	egress := fs.String("egress-url", "", "also measure egress from a sandbox: a URL it can reach that answers ?n=N with N bytes")
 	egressOnly := fs.Bool("egress-only", false, "measure only the egress rows (needs --egress-url)")
+	density := fs.Int("density", 0, "instead of the rows: hold this many idle sandboxes at once and measure memory per sandbox, the server's footprint, reads and a create while they idle (run on the server's host)")
 	base := fs.Bool("baseline", false, "also measure the bare runtime doing each row's work on this host, and the ratio (needs the server's --data-dir; root)")
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "with --baseline: the server's data directory (env SPACE_DATA_DIR)")
 	runsc := fs.String("runsc", os.Getenv("SPACE_RUNSC"), "with --baseline: runsc binary (default: from PATH) (env SPACE_RUNSC)")
@@ -53,7 +54,11 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 			return o.Baseline(ctx, rt, bc, spec)
 		}
 	}
-	rep, err := bench.Run(ctx, cfg)
+	run := bench.Run
+	if *density > 0 {
+		cfg.Density, run = *density, bench.Density
+	}
+	rep, err := run(ctx, cfg)
 	if err != nil {
 		return err
 	}

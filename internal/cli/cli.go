@@ -66,7 +66,7 @@ Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space node list | cordon NODE | uncordon NODE | drain NODE   (a cluster's nodes)
   space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
   space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
-  space bench [--runtime R --template T --runs N --quick --json-out FILE --baseline --data-dir D]
+  space bench [--runtime R --template T --runs N --quick --json-out FILE --baseline --data-dir D | --density N]
 
 Add --json to client verbs for machine-readable output.
 `

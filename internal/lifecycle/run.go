@@ -88,10 +88,19 @@ func (e *Engine) execute(op sandbox.Operation) {
 		e.finish(log, op, start, sandbox.OpFailed, gone, op.From, nil)
 		return
 	}
+	// The operation is recorded running. A pause or a resume is quick and
+	// changes nothing on disk: its record is written while the runtime
+	// works, and waited for before the outcome is.
+	var marked chan error
 	if op.State == sandbox.OpPending {
-		if err := e.store.UpdateOperationState(bk, op.ID, sandbox.OpRunning, e.now()); err != nil {
-			log.Error("mark operation running", "err", err)
-			return
+		marked = make(chan error, 1)
+		go func() { marked <- e.store.UpdateOperationState(bk, op.ID, sandbox.OpRunning, e.now()) }()
+		if !(op.Kind == sandbox.OpPause || (op.Kind == sandbox.OpWake && op.From == sandbox.Paused)) {
+			if err := <-marked; err != nil {
+				log.Error("mark operation running", "err", err)
+				return
+			}
+			marked = nil
 		}
 	}
 	switch op.Kind {
@@ -131,6 +140,12 @@ func (e *Engine) execute(op sandbox.Operation) {
 			err = e.createFromSnapshot(ctx, rt, spec, sb.Snapshot)
 		} else {
 			err = e.act(ctx, rt, op, spec)
+		}
+	}
+	if marked != nil {
+		if err := <-marked; err != nil {
+			log.Error("mark operation running", "err", err)
+			return
 		}
 	}
 	if e.life.Err() != nil {
@@ -183,7 +198,9 @@ func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operati
 		} else {
 			err = rt.Resume(ctx, spec)
 		}
-		if err == nil {
+		// A restored sandbox gets the time and fresh entropy; a resumed
+		// one only needs its clock set, unless it reads the host's.
+		if err == nil && (op.From == sandbox.Suspended || !rt.Capabilities().HostClock) {
 			e.identify(ctx, rt, spec, false)
 		}
 		return err

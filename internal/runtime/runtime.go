@@ -88,6 +88,10 @@ type Capabilities struct {
 	// blob store keeps it) restores it on another host of the same runtime:
 	// a cluster may wake it on any node.
 	Portable bool
+	// HostClock says the sandbox's clock is the host's (gVisor's sentry
+	// reads it), so a resumed sandbox's clock is right at once; a VM's
+	// guest clock stands still while paused and is set again on resume.
+	HostClock bool
 }
 
 // Runtime runs sandboxes. Every method is safe for concurrent use on

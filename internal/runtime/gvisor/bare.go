@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -40,7 +41,7 @@ func NewBare(runsc, platform, dir, rootfs string, res sandbox.Resources) (*Bare,
 	if platform == "" {
 		platform = "systrap"
 	}
-	r := &Runtime{cfg: Config{Runsc: runsc, Dir: dir, SocketDir: filepath.Join(dir, "s"), Templates: fixedTemplate(rootfs), Platform: platform}}
+	r := &Runtime{cfg: Config{Runsc: runsc, Dir: dir, SocketDir: filepath.Join(dir, "s"), Templates: fixedTemplate(rootfs), Platform: platform}, direct: directIO(dir)}
 	for _, d := range []string{filepath.Join(dir, "runsc"), r.cfg.SocketDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("bare gvisor: %w", err)
@@ -90,7 +91,7 @@ func (b *Bare) Suspend(ctx context.Context) error {
 	if err := os.MkdirAll(b.spec.SnapshotDir, 0o700); err != nil {
 		return err
 	}
-	if _, err := b.r.runsc(ctx, b.spec, "checkpoint", "--image-path", b.spec.SnapshotDir, b.spec.SandboxID); err != nil {
+	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint("--image-path", b.spec.SnapshotDir, b.spec.SandboxID)...); err != nil {
 		return err
 	}
 	_, err := b.r.runsc(ctx, b.spec, "delete", "--force", b.spec.SandboxID)
@@ -115,7 +116,7 @@ func (b *Bare) Fork(ctx context.Context) error {
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		return err
 	}
-	if _, err := b.r.runsc(ctx, b.spec, "checkpoint", "--leave-running", "--image-path", img, b.spec.SandboxID); err != nil {
+	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint("--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
 		return err
 	}
 	cp := b.spec
@@ -148,5 +149,10 @@ func (b *Bare) Delete(ctx context.Context) error {
 // Close deletes the sandbox and removes its directory.
 func (b *Bare) Close() error {
 	b.Delete(context.Background())
+	// runsc's shared empty network namespace, mounted for a sandbox
+	// without a network.
+	nullNetns := filepath.Join(b.dir, "runsc", "null-netns")
+	for i := 0; i < 16 && syscall.Unmount(nullNetns, syscall.MNT_DETACH) == nil; i++ {
+	}
 	return os.RemoveAll(b.dir)
 }

@@ -93,6 +93,11 @@ type Runtime struct {
 
 	// agentDigest is the agent new sandboxes run (agents.go).
 	agentDigest string
+	// direct: checkpoints write their pages file with O_DIRECT.
+	direct bool
+	// deleting holds, per sandbox, a background `runsc delete` of its
+	// suspended container (a chan struct{} closed when it is done).
+	deleting sync.Map
 
 	// firstStart serialises starts of sandboxes without a network until
 	// runsc has made its shared empty network-namespace mount; concurrent
@@ -112,7 +117,7 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger)}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir)}
 	var err error
 	if r.agentDigest, err = r.keepAgent(); err != nil {
 		return nil, err
@@ -131,6 +136,7 @@ func (r *Runtime) Close() {
 	r.endpoints.CloseAll()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	r.deleting.Range(func(k, _ any) bool { r.settle(ctx, k.(string)); return true })
 	out, err := exec.CommandContext(ctx, r.cfg.Runsc, "--root", filepath.Join(r.cfg.Dir, "runsc"), "list", "--quiet").Output()
 	if err != nil {
 		r.log.Warn("gvisor: list sandboxes at close", "err", err)
@@ -222,7 +228,7 @@ func lastLine(s string) string {
 func (r *Runtime) Name() string { return Name }
 
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Net: runtime.NetNamespace, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox", Portable: true}
+	return runtime.Capabilities{Net: runtime.NetNamespace, Detail: "gVisor (runsc, " + r.cfg.Platform + " platform): a user-space kernel per sandbox", Portable: true, HostClock: true}
 }
 
 func (r *Runtime) sandboxDir(id string) string { return filepath.Join(r.cfg.Dir, "sandboxes", id) }
@@ -303,6 +309,11 @@ type containerState struct {
 }
 
 func (r *Runtime) state(ctx context.Context, spec runtime.Spec) (*containerState, error) {
+	// A container being removed in the background (after a suspend) is
+	// gone once that is done, not before.
+	if err := r.settle(ctx, spec.SandboxID); err != nil {
+		return nil, err
+	}
 	out, err := r.runsc(ctx, spec, "state", spec.SandboxID)
 	if err != nil {
 		if strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not exist") {

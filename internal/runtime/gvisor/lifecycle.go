@@ -176,13 +176,90 @@ func (r *Runtime) ready(ctx context.Context, spec runtime.Spec, started bool) er
 
 // Pause freezes every task of the sandbox. The common case costs one runsc
 // call; only a refusal is looked into (already paused is success).
+// A mark is left before the pause, so a sandbox without one is surely not
+// paused (surelyRunning).
 func (r *Runtime) Pause(ctx context.Context, spec runtime.Spec) error {
+	if err := os.WriteFile(r.pausedMark(spec.SandboxID), nil, 0o600); err != nil {
+		return fmt.Errorf("mark paused: %w", err)
+	}
 	return r.freeze(ctx, spec, "pause", "paused")
 }
 
 // Resume unfreezes a paused sandbox (running already is success).
 func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
-	return r.freeze(ctx, spec, "resume", "running")
+	if err := r.freeze(ctx, spec, "resume", "running"); err != nil {
+		return err
+	}
+	os.Remove(r.pausedMark(spec.SandboxID))
+	return nil
+}
+
+func (r *Runtime) pausedMark(id string) string { return filepath.Join(r.sandboxDir(id), "paused") }
+
+// surelyRunning reports, without asking runsc (a process start, tens of
+// milliseconds), that a sandbox runs unpaused: its process, as runsc named
+// it in the pid file, is alive, and no pause is marked. Anything less
+// certain is false: the caller asks runsc.
+func (r *Runtime) surelyRunning(id string) bool {
+	if _, err := os.Stat(r.pausedMark(id)); !errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	pid := r.pidOf(id)
+	return r.isSandboxProcess(pid, id) && syscall.Kill(pid, 0) == nil
+}
+
+// pidOf is the sandbox process runsc wrote in the pid file (0: none).
+func (r *Runtime) pidOf(id string) int {
+	b, err := os.ReadFile(r.pidPath(id))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// isSandboxProcess reports whether pid is the runsc sandbox process of id.
+func (r *Runtime) isSandboxProcess(pid int, id string) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(b), "runsc-sandbox") && strings.Contains(string(b), id)
+}
+
+// kill ends the sandbox's process at once (SIGKILL), if the pid file names
+// it; false when there is none to kill.
+func (r *Runtime) kill(id string) bool {
+	pid := r.pidOf(id)
+	return r.isSandboxProcess(pid, id) && syscall.Kill(pid, syscall.SIGKILL) == nil
+}
+
+// deleteLater runs `runsc delete --force` on a killed sandbox in the
+// background; settle waits for it.
+func (r *Runtime) deleteLater(ctx context.Context, spec runtime.Spec) {
+	done := make(chan struct{})
+	r.deleting.Store(spec.SandboxID, done)
+	go func() {
+		defer close(done)
+		defer r.deleting.CompareAndDelete(spec.SandboxID, done)
+		if _, err := r.runsc(context.WithoutCancel(ctx), spec, "delete", "--force", spec.SandboxID); err != nil && !notExist(err) {
+			r.log.Warn("gvisor: remove a suspended sandbox's container", "sandbox_id", spec.SandboxID, "err", err)
+		}
+	}()
+}
+
+// settle waits for a background delete of the sandbox's container.
+func (r *Runtime) settle(ctx context.Context, id string) error {
+	v, ok := r.deleting.Load(id)
+	if !ok {
+		return nil
+	}
+	select {
+	case <-v.(chan struct{}):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (r *Runtime) freeze(ctx context.Context, spec runtime.Spec, verb, want string) error {
@@ -205,15 +282,24 @@ func (r *Runtime) freeze(ctx context.Context, spec runtime.Spec, verb, want stri
 // Suspend checkpoints the sandbox (memory, kernel state and the overlay's
 // writable layer) into spec.SnapshotDir and removes the running sandbox.
 func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
-	id, dir := spec.SandboxID, spec.SnapshotDir
 	// A checkpoint a killed server started runs on: let it finish, then
 	// look at what it left.
-	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
+	if err := r.awaitEarlierRunsc(ctx, spec.SandboxID); err != nil {
 		return err
 	}
-	st, err := r.state(ctx, spec)
-	if err != nil {
-		return err
+	return r.suspend(ctx, spec, r.surelyRunning(spec.SandboxID))
+}
+
+// suspend saves the sandbox; quick skips asking runsc for its state (the
+// common case: surelyRunning), and looks properly if the checkpoint fails.
+func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) error {
+	id, dir := spec.SandboxID, spec.SnapshotDir
+	st := &containerState{Status: "running"}
+	if !quick {
+		var err error
+		if st, err = r.state(ctx, spec); err != nil {
+			return err
+		}
 	}
 	if st == nil || st.Status == "stopped" {
 		if !snapshotComplete(dir) {
@@ -260,7 +346,7 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	r.closeEndpoint(id)
 	// --leave-running: a checkpoint that fails (a full disk) leaves the
 	// sandbox running as it was, instead of ending it with its state lost.
-	if _, err := r.runsc(ctx, spec, "checkpoint", "--leave-running", "--image-path", gdir, id); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
 		os.RemoveAll(gdir)
 		r.endpoint(id)
 		if wasPaused {
@@ -270,26 +356,49 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to save the sandbox; it runs on as before")
 		}
+		if quick {
+			// It was taken for running without asking: ask, and try again.
+			return r.suspend(ctx, spec, false)
+		}
 		return err
 	}
-	// The image is the sandbox now: end what runs on at once.
-	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
-		return err
+	// The image is the sandbox now: what runs on is killed at once, and
+	// runsc removes what is left of it in the background (a wake or
+	// delete of this sandbox waits for that); without a pid to kill, the
+	// removal is waited for beside making the image durable.
+	deleted := make(chan error, 1)
+	if r.kill(id) {
+		r.deleteLater(ctx, spec)
+		deleted <- nil
+	} else {
+		go func() {
+			_, err := r.runsc(ctx, spec, "delete", "--force", id)
+			if notExist(err) {
+				err = nil
+			}
+			deleted <- err
+		}()
 	}
 	// The agent's key goes with the image: a node that restores it
 	// elsewhere (a cluster's wake) lets the same agent in.
-	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("keep agent key: %w", err)
+	err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key"))
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil
 	}
-	if err := r.keepAgentRecord(id, gdir); err != nil {
+	if err != nil {
+		err = fmt.Errorf("keep agent key: %w", err)
+	} else if err = r.keepAgentRecord(id, gdir); err == nil {
+		if err = syncDir(gdir); err != nil {
+			err = fmt.Errorf("sync snapshot: %w", err)
+		}
+	}
+	if err := errors.Join(err, <-deleted); err != nil {
 		return err
-	}
-	if err := syncDir(gdir); err != nil {
-		return fmt.Errorf("sync snapshot: %w", err)
 	}
 	if err := markCurrent(dir, gen); err != nil {
 		return err
 	}
+	os.Remove(r.pausedMark(id))
 	// Older generations are not needed once this checkpoint holds all the
 	// sandbox's memory. They go before Suspend returns, so the directory
 	// is the snapshot and nothing else (a blob store uploads all of it).
@@ -302,10 +411,42 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	return nil
 }
 
+// checkpoint is runsc checkpoint with SPACE's flags: where the data
+// directory's file system takes O_DIRECT, the pages file is written with
+// it, so making the image durable afterwards costs almost nothing (a
+// buffered image is written twice over: to the page cache, then by the
+// fsync) and a save does not fill the page cache.
+func (r *Runtime) checkpoint(args ...string) []string {
+	if r.direct {
+		return append([]string{"checkpoint", "--direct"}, args...)
+	}
+	return append([]string{"checkpoint"}, args...)
+}
+
+// directIO reports whether files in dir can be opened with O_DIRECT.
+func directIO(dir string) bool {
+	f, err := os.CreateTemp(dir, ".direct-")
+	if err != nil {
+		return false
+	}
+	name := f.Name()
+	f.Close()
+	defer os.Remove(name)
+	fd, err := syscall.Open(name, syscall.O_WRONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		return false
+	}
+	syscall.Close(fd)
+	return true
+}
+
 // Restore brings a suspended sandbox back from spec.SnapshotDir.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
+		return err
+	}
+	if err := r.settle(ctx, id); err != nil {
 		return err
 	}
 	gdir := snapshotGen(spec.SnapshotDir)
@@ -361,6 +502,9 @@ func (r *Runtime) Delete(ctx context.Context, spec runtime.Spec) error {
 
 func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
+	if err := r.settle(ctx, id); err != nil {
+		return err
+	}
 	r.exits.Stop(id)
 	r.earlierChecked.Delete(id)
 	r.closeEndpoint(id)
@@ -438,7 +582,7 @@ func syncDir(dir string) error {
 // before it starts: a gVisor checkpoint that fails half-way leaves the
 // sandbox running but unable to reach host sockets, so its agent never
 // answers again. The image holds at most the memory the sandbox's cgroup
-// uses (less: it is compressed), so that much must be free. verb names the
+// uses (uncompressed), so that much must be free. verb names the
 // save in the error.
 func (r *Runtime) roomToSave(spec runtime.Spec, dir, verb string) error {
 	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/space", spec.SandboxID, "memory.current")) // cgroup v2

@@ -70,7 +70,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	// checkpoint drops the agent's connection and the restored agent dials
 	// that socket again (a re-created socket file would not be reached).
 	r.exits.Stop(id)
-	if _, err := r.runsc(ctx, spec, "checkpoint", "--leave-running", "--image-path", tmp, id); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", tmp, id)...); err != nil {
 		r.watch(ctx, spec, false)
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
