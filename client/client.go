@@ -28,6 +28,9 @@ type Client struct {
 	// Retries is how many times a mutating call is retried, with the same
 	// Idempotency-Key, after a transport error or a 503.
 	Retries int
+	// SSE makes Attach ask for Server-Sent Events only, not the binary
+	// stream it prefers.
+	SSE bool
 }
 
 // New returns a client for the API at baseURL (for example

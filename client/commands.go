@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -110,7 +113,12 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 		return nil, "", err
 	}
 	req.Header.Set("Authorization", "Bearer "+s.Attach.Token)
-	req.Header.Set("Accept", "text/event-stream")
+	// The binary stream where the server offers it (raw output bytes, no
+	// base64), else Server-Sent Events.
+	req.Header.Set("Accept", "application/octet-stream, text/event-stream;q=0.9")
+	if c.SSE {
+		req.Header.Set("Accept", "text/event-stream")
+	}
 	if lastEventID != "" {
 		req.Header.Set("Last-Event-ID", lastEventID)
 	}
@@ -124,6 +132,9 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 		return nil, "", apiError(resp.StatusCode, b)
 	}
 	r := bufio.NewReaderSize(resp.Body, 1<<20)
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/octet-stream" {
+		return readFrames(r, lastEventID, fn)
+	}
 	last := lastEventID
 	var ev Event
 	var data, long []byte
@@ -166,6 +177,64 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 				return &e, last, nil
 			}
 			ev, data = Event{}, data[:0]
+		}
+	}
+}
+
+// The binary stream's frames (api.md, "Binary stream"): a 13-byte header —
+// kind, event id, payload length — then the payload.
+const (
+	frameHeader  = 13
+	maxFrameData = 64 << 20
+)
+
+var frameNames = [...]string{1: "output", 2: "output", 3: "resync_required", 4: "process_exited", 5: "error", 6: ""}
+
+// readFrames reads the binary stream to fn until its terminal event; it
+// returns the last event id seen.
+func readFrames(r io.Reader, last string, fn func(Event) error) (*Event, string, error) {
+	var hdr [frameHeader]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, last, err
+		}
+		kind, id, n := hdr[0], binary.BigEndian.Uint64(hdr[1:9]), binary.BigEndian.Uint32(hdr[9:13])
+		if kind == 0 || int(kind) >= len(frameNames) {
+			return nil, last, fmt.Errorf("malformed event stream: frame kind %d", kind)
+		}
+		if n > maxFrameData {
+			return nil, last, fmt.Errorf("malformed event stream: a %d-byte frame", n)
+		}
+		data := make([]byte, n)
+		if _, err := io.ReadFull(r, data); err != nil {
+			return nil, last, err
+		}
+		ev := Event{Name: frameNames[kind]}
+		if ev.Name == "" {
+			continue // keepalive
+		}
+		if id != 0 {
+			ev.ID = strconv.FormatUint(id, 10)
+		}
+		switch kind {
+		case 1, 2:
+			ev.Stream, ev.Data = map[byte]string{1: "stdout", 2: "stderr"}[kind], data
+		default:
+			if err := decodeEvent(&ev, data); err != nil {
+				return nil, last, err
+			}
+		}
+		if ev.ID != "" {
+			last = ev.ID
+		}
+		if err := fn(ev); err != nil {
+			return nil, last, err
+		}
+		if ev.Name == "process_exited" || ev.Name == "error" {
+			return &ev, last, nil
 		}
 	}
 }

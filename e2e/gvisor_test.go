@@ -302,8 +302,9 @@ func testBenchQuick(t *testing.T, rt string) {
 			Bare, Ratio float64
 		}
 	}
-	// Eleven rows on every runtime, fork and create-from-snapshot included.
-	const want = 11
+	// Thirteen rows on every runtime, fork and create-from-snapshot
+	// included, and output on SSE and on the binary stream.
+	const want = 13
 	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != rt || len(rep.Rows) != want || rep.Baseline != baseline {
 		t.Fatalf("report = %s (%v)", b, err)
 	}

@@ -157,7 +157,11 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) err
 	}
 	rc := http.NewResponseController(w)
 	bw := bufio.NewWriterSize(w, 256<<10)
-	sse := &sseWriter{w: bw}
+	var sse eventWriter = &sseWriter{w: bw}
+	contentType := "text/event-stream"
+	if wantsFrames(r.Header.Get("Accept")) {
+		sse, contentType = &frameWriter{w: bw}, FramedType
+	}
 	flush := func() error {
 		if err := bw.Flush(); err != nil {
 			return err
@@ -172,7 +176,7 @@ func (d *DataPlane) events(w http.ResponseWriter, r *http.Request, p params) err
 		switch {
 		case ev.Started != nil:
 			h := w.Header()
-			h.Set("Content-Type", "text/event-stream")
+			h.Set("Content-Type", contentType)
 			h.Set("Cache-Control", "no-store")
 			h.Set("X-Accel-Buffering", "no")
 			w.WriteHeader(http.StatusOK)
