@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -133,7 +135,29 @@ func newGVisor(ctx context.Context, cfg *config.Serve, store *templates.Store, l
 	if err != nil {
 		return nil, err.Error()
 	}
+	warnHostLimits(log, cfg.MaxSandboxes)
 	return rt, ""
+}
+
+// tasksPerSandbox is about how many kernel tasks (threads and processes)
+// one idle gVisor sandbox holds on the host: the sentry's threads, the
+// gofer's, and systrap's stub processes (measured: 25–50).
+const tasksPerSandbox = 48
+
+// warnHostLimits says when the host's task limit, not memory, would stop
+// the server short of --max-sandboxes gVisor sandboxes: every thread counts
+// against kernel.pid_max, 32,768 by default without systemd.
+func warnHostLimits(log *slog.Logger, maxSandboxes int) {
+	b, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil || maxSandboxes <= 0 {
+		return
+	}
+	pidMax, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pidMax >= maxSandboxes*tasksPerSandbox {
+		return
+	}
+	log.Warn("kernel.pid_max allows fewer gVisor sandboxes than --max-sandboxes; raise it: sysctl -w kernel.pid_max=4194304 (make deps does, persistently)",
+		"pid_max", pidMax, "sandboxes_it_allows", pidMax/tasksPerSandbox, "max_sandboxes", maxSandboxes)
 }
 
 // agentBinary finds the static space-agent: the flag, beside this binary,
