@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -149,10 +148,6 @@ func (b *Bare) Delete(ctx context.Context) error {
 // Close deletes the sandbox and removes its directory.
 func (b *Bare) Close() error {
 	b.Delete(context.Background())
-	// runsc's shared empty network namespace, mounted for a sandbox
-	// without a network.
-	nullNetns := filepath.Join(b.dir, "runsc", "null-netns")
-	for i := 0; i < 16 && syscall.Unmount(nullNetns, syscall.MNT_DETACH) == nil; i++ {
-	}
+	b.r.unmountNullNetns()
 	return os.RemoveAll(b.dir)
 }

@@ -25,7 +25,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -156,6 +155,12 @@ func (r *Runtime) Close() {
 		return
 	}
 	os.Remove(r.cfg.SocketDir)
+	r.unmountNullNetns()
+}
+
+// unmountNullNetns lets go of runsc's shared empty network namespace, which
+// it mounts in its state directory for sandboxes without a network.
+func (r *Runtime) unmountNullNetns() {
 	nullNetns := filepath.Join(r.cfg.Dir, "runsc", "null-netns")
 	for i := 0; i < 16 && syscall.Unmount(nullNetns, syscall.MNT_DETACH) == nil; i++ {
 	}
@@ -176,9 +181,7 @@ func (r *Runtime) watch(ctx context.Context, spec runtime.Spec, fromPidFile bool
 	id := spec.SandboxID
 	pid := 0
 	if fromPidFile {
-		if b, err := os.ReadFile(r.pidPath(id)); err == nil {
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		}
+		pid = r.pidOf(id)
 	}
 	if pid <= 0 {
 		st, err := r.state(ctx, spec)

@@ -502,9 +502,6 @@ func (r *Runtime) Delete(ctx context.Context, spec runtime.Spec) error {
 
 func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	if err := r.settle(ctx, id); err != nil {
-		return err
-	}
 	r.exits.Stop(id)
 	r.earlierChecked.Delete(id)
 	r.closeEndpoint(id)
