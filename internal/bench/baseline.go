@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync/atomic"
@@ -43,7 +44,7 @@ type BareSpec struct {
 }
 
 // ErrNoBareExec: the bare runtime cannot run a command (a VMM has no exec).
-var ErrNoBareExec = fmt.Errorf("the bare runtime has no exec")
+var ErrNoBareExec = errors.New("the bare runtime has no exec")
 
 // bareKey names the bare measurement a row is compared with.
 type bareKey string
@@ -101,7 +102,7 @@ func (b *bench) bareRows(ctx context.Context, bare Bare) (map[bareKey][]float64,
 	for i := 0; i < b.cfg.Runs; i++ {
 		start := time.Now()
 		err := bare.Exec(ctx, io.Discard, "true")
-		if err == ErrNoBareExec {
+		if errors.Is(err, ErrNoBareExec) {
 			hasExec = false
 			break
 		}

@@ -157,17 +157,27 @@ func (b *bench) runWith(ctx context.Context, c *client.Client, id string, argv .
 	return time.Since(start), n, nil
 }
 
-// Run measures every row and writes the table to cfg.Out.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+// newBench connects to the server and starts a report of the runtime it
+// measures.
+func newBench(cfg Config) (*bench, *Report, error) {
 	c, err := client.New(cfg.APIURL, cfg.Token)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	b := &bench{cfg: cfg, c: c}
 	rep := &Report{Runtime: cfg.Runtime, When: time.Now().UTC()}
 	if rep.Runtime == "" {
 		rep.Runtime = serverDefaultRuntime(cfg.APIURL)
 	}
+	return &bench{cfg: cfg, c: c}, rep, nil
+}
+
+// Run measures every row and writes the table to cfg.Out.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	b, rep, err := newBench(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := b.c
 	var made []string
 	defer func() {
 		for _, id := range made {

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/spacesandbox/space/client"
 )
 
 // Density measures how many idle sandboxes one server holds and what they
@@ -23,15 +21,11 @@ import (
 // server's host) and the server's own resident memory (its /metrics).
 // Every sandbox it made is deleted before it returns.
 func Density(ctx context.Context, cfg Config) (*Report, error) {
-	c, err := client.New(cfg.APIURL, cfg.Token)
+	b, rep, err := newBench(cfg)
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{cfg: cfg, c: c}
-	rep := &Report{Runtime: cfg.Runtime, When: time.Now().UTC()}
-	if rep.Runtime == "" {
-		rep.Runtime = serverDefaultRuntime(cfg.APIURL)
-	}
+	c := b.c
 	n := cfg.Density
 	var mu sync.Mutex
 	var made []string
