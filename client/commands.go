@@ -166,15 +166,8 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 			if err := decodeEvent(&ev, data); err != nil {
 				return nil, last, err
 			}
-			if ev.ID != "" {
-				last = ev.ID
-			}
-			if err := fn(ev); err != nil {
-				return nil, last, err
-			}
-			if ev.Name == "process_exited" || ev.Name == "error" {
-				e := ev
-				return &e, last, nil
+			if term, err := deliver(ev, &last, fn); term != nil || err != nil {
+				return term, last, err
 			}
 			ev, data = Event{}, data[:0]
 		}
@@ -220,23 +213,34 @@ func readFrames(r io.Reader, last string, fn func(Event) error) (*Event, string,
 			ev.ID = strconv.FormatUint(id, 10)
 		}
 		switch kind {
-		case 1, 2:
-			ev.Stream, ev.Data = map[byte]string{1: "stdout", 2: "stderr"}[kind], data
+		case 1:
+			ev.Stream, ev.Data = "stdout", data
+		case 2:
+			ev.Stream, ev.Data = "stderr", data
 		default:
 			if err := decodeEvent(&ev, data); err != nil {
 				return nil, last, err
 			}
 		}
-		if ev.ID != "" {
-			last = ev.ID
-		}
-		if err := fn(ev); err != nil {
-			return nil, last, err
-		}
-		if ev.Name == "process_exited" || ev.Name == "error" {
-			return &ev, last, nil
+		if term, err := deliver(ev, &last, fn); term != nil || err != nil {
+			return term, last, err
 		}
 	}
+}
+
+// deliver hands a decoded event to fn, moving last to its id; it returns
+// the event when it is terminal (process_exited or error).
+func deliver(ev Event, last *string, fn func(Event) error) (*Event, error) {
+	if ev.ID != "" {
+		*last = ev.ID
+	}
+	if err := fn(ev); err != nil {
+		return nil, err
+	}
+	if ev.Name == "process_exited" || ev.Name == "error" {
+		return &ev, nil
+	}
+	return nil, nil
 }
 
 // Output events as the server writes them; decodeEvent reads these without

@@ -175,11 +175,16 @@ func (c *Client) Fork(ctx context.Context, id string, count int, key string) (*O
 
 // GetOperation polls an operation.
 func (c *Client) GetOperation(ctx context.Context, id string) (*Operation, error) {
+	return c.getOperation(ctx, id, nil)
+}
+
+// getOperation reads an operation with the query q (like wait=25s).
+func (c *Client) getOperation(ctx context.Context, id string, q url.Values) (*Operation, error) {
 	if id == "" {
 		return nil, fmt.Errorf("empty operation id")
 	}
 	var out Operation
-	if _, err := c.Do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id), nil, "", nil, &out); err != nil {
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id), q, "", nil, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -204,33 +209,22 @@ func (c *Client) WaitOperation(ctx context.Context, id string) (*Operation, erro
 	// before ?wait= refuses it: then poll at short, bounded intervals (most
 	// operations finish in milliseconds, and a coarse interval would add up
 	// to itself to every wait).
-	if id == "" {
-		return nil, fmt.Errorf("empty operation id")
-	}
 	delay := time.Millisecond
-	long := true
+	query := url.Values{"wait": {"25s"}}
 	for {
-		var op *Operation
-		var err error
-		if long {
-			var out Operation
-			if _, err = c.Do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(id)+"?wait=25s", nil, "", nil, &out); err == nil {
-				op = &out
-			} else if IsCode(err, "invalid_argument") {
-				long = false
-				continue
-			}
-		} else {
-			op, err = c.GetOperation(ctx, id)
+		op, err := c.getOperation(ctx, id, query)
+		if query != nil && IsCode(err, "invalid_argument") {
+			query = nil // a server from before ?wait=: poll
+			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		if long && !op.Done() {
-			continue
-		}
 		if op.Done() {
 			return op, nil
+		}
+		if query != nil {
+			continue // the long poll waited already
 		}
 		select {
 		case <-ctx.Done():
