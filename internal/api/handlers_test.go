@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -301,6 +303,107 @@ func TestOperationLongPoll(t *testing.T) {
 	for _, q := range []string{"?wait=forever", "?wait=61s", "?wait=-1s", "?wait=1000", "?wait=1s&x=1"} {
 		if w := h.call(h.api, "GET", "/v1/operations/"+op.ID+q, "", h.token); w.Code != 400 || errorCode(w) != "invalid_argument" {
 			t.Fatalf("GET %s: %d %s", q, w.Code, w.Body)
+		}
+	}
+}
+
+// GET /v1/events streams each change of the project's sandboxes and
+// operations once, honours sandbox_id, and ends when its token is revoked.
+func TestEventsStream(t *testing.T) {
+	h := newHarness(t)
+	h.api.EventsKeepalive = 100 * time.Millisecond
+	srv := httptest.NewServer(h.api)
+	defer srv.Close()
+	watched, other := h.eng.Add(sandbox.Running), h.eng.Add(sandbox.Running)
+	open := func(q string) (*bufio.Reader, func()) {
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/events"+q, nil)
+		req.Header.Set("Authorization", "Bearer "+h.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("GET /v1/events%s: %v %v", q, resp, err)
+		}
+		return bufio.NewReader(resp.Body), func() { resp.Body.Close() }
+	}
+	// next returns the next event's name and data (keepalives skipped).
+	next := func(r *bufio.Reader) (string, string) {
+		var name, data string
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return "eof", ""
+			}
+			line = strings.TrimRight(line, "\n")
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				name = line[len("event: "):]
+			case strings.HasPrefix(line, "data: "):
+				data = line[len("data: "):]
+			case line == "" && name != "":
+				return name, data
+			}
+		}
+	}
+	all, closeAll := open("")
+	defer closeAll()
+	one, closeOne := open("?sandbox_id=" + watched.ID)
+	defer closeOne()
+	for _, r := range []*bufio.Reader{all, one} {
+		if name, data := next(r); name != "ready" || !strings.Contains(data, `"project":"default"`) {
+			t.Fatalf("first event %s %s", name, data)
+		}
+	}
+	if _, err := h.eng.Pause(context.Background(), other.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.eng.Pause(context.Background(), watched.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for len(got) < 4 {
+		name, data := next(all)
+		for _, id := range []string{watched.ID, other.ID} {
+			if strings.Contains(data, `"id":"`+id+`"`) && strings.Contains(data, `"state":"paused"`) {
+				got[name+" "+id] = true
+			}
+			if name == "operation" && strings.Contains(data, `"sandbox_id":"`+id+`"`) && strings.Contains(data, `"kind":"pause"`) {
+				got[name+" "+id] = true
+			}
+		}
+		if name == "eof" {
+			t.Fatalf("stream ended; got %v", got)
+		}
+	}
+	// The filtered stream names only its sandbox.
+	for range 2 {
+		name, data := next(one)
+		if (name != "operation" && name != "sandbox") || strings.Contains(data, other.ID) {
+			t.Fatalf("filtered stream: %s %s", name, data)
+		}
+	}
+	if w := h.call(h.api, "GET", "/v1/events?sandbox_id=nope", "", h.token); w.Code != 400 || errorCode(w) != "invalid_argument" {
+		t.Fatalf("bad sandbox_id: %d %s", w.Code, w.Body)
+	}
+	if w := h.call(h.api, "GET", "/v1/token", "", h.token); w.Code != 200 || !strings.Contains(w.Body.String(), `"role":"owner"`) || strings.Contains(w.Body.String(), h.token) {
+		t.Fatalf("GET /v1/token: %d %s", w.Code, w.Body)
+	}
+	// Revoking the token ends both streams with an error event.
+	tok, err := h.api.tokens.Verify(context.Background(), h.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.api.tokens.Revoke(context.Background(), tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*bufio.Reader{all, one} {
+		name, data := next(r)
+		for name == "sandbox" || name == "operation" {
+			name, data = next(r)
+		}
+		if name != "error" || !strings.Contains(data, `"code":"unauthenticated"`) {
+			t.Fatalf("after revoke: %s %s", name, data)
+		}
+		if name, _ := next(r); name != "eof" {
+			t.Fatalf("stream goes on after revoke: %s", name)
 		}
 	}
 }

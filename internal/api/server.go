@@ -113,6 +113,9 @@ type Engine interface {
 	// Ready says why the engine cannot serve sandboxes (nil: it can);
 	// Runtimes and RuntimeDetails describe what it runs them on.
 	Ready() error
+	// Watch tells of the sandboxes and operations written from now until
+	// ctx ends (GET /v1/events).
+	Watch(ctx context.Context) *lifecycle.Changes
 	Runtimes() (names []string, def string)
 	RuntimeDetails() map[string]string
 }
@@ -155,6 +158,9 @@ type Server struct {
 	audit     *audit.Log
 	limiter   *auth.Limiter
 	ownedObjs map[owns]ownedObject
+	// EventsKeepalive is the longest silence on GET /v1/events, and how
+	// often it checks that its token is still valid.
+	EventsKeepalive time.Duration
 }
 
 // New builds the control-plane handler.
@@ -170,6 +176,7 @@ func New(cfg Config) *Server {
 		s.limiter = auth.NewLimiter()
 	}
 	s.ownedObjs = s.owned()
+	s.EventsKeepalive = 15 * time.Second
 	s.router = newRouter(s.Routes())
 	s.edge = &edge.Edge{Listener: "api", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse, Finished: cfg.Audit.Finished("api", nil)}
 	return s
@@ -185,6 +192,8 @@ func (s *Server) Routes() []Route {
 		{Method: "GET", Pattern: "/openapi-m1.json", Handler: s.openapi},
 		{Method: "POST", Pattern: "/v1/sandboxes", Auth: true, Handler: s.createSandbox},
 		{Method: "GET", Pattern: "/v1/sandboxes", Auth: true, Handler: s.listSandboxes},
+		{Method: "GET", Pattern: "/v1/events", Auth: true, Handler: s.events},
+		{Method: "GET", Pattern: "/v1/token", Auth: true, Handler: s.whoami},
 		{Method: "GET", Pattern: "/v1/sandboxes/{id}", Auth: true, Owns: ownsSandbox, Handler: s.getSandbox},
 		{Method: "DELETE", Pattern: "/v1/sandboxes/{id}", Auth: true, Owns: ownsSandbox, Handler: s.lifecycleHandler(sandbox.OpDelete)},
 		{Method: "POST", Pattern: "/v1/sandboxes/{id}:pause", Auth: true, Owns: ownsSandbox, Handler: s.lifecycleHandler(sandbox.OpPause)},

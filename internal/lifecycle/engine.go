@@ -158,6 +158,8 @@ type Engine struct {
 	started bool
 	// finished is closed (and replaced) whenever an operation finishes.
 	finished chan struct{}
+	// changes tells watchers (Watch) of every record the engine writes.
+	changes Hub
 
 	activity *activity
 	poolKick chan struct{}
@@ -189,6 +191,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, store: cfg.Store, log: cfg.Logger, now: cfg.Now,
 		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, activity: newActivity(), poolKick: make(chan struct{}, 1), finished: make(chan struct{}),
 	}
+	e.store = watchedStore{Store: cfg.Store, hub: &e.changes}
 	if cfg.DefaultAutoLifecycle == (sandbox.AutoLifecycle{}) {
 		e.cfg.DefaultAutoLifecycle = DefaultAutoLifecycle
 	}

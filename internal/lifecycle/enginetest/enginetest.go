@@ -35,6 +35,7 @@ type Engine struct {
 	sbs   map[string]*sandbox.Sandbox
 	ops   map[string]*sandbox.Operation
 	snaps map[string]*sandbox.Snapshot
+	hub   lifecycle.Hub
 }
 
 // New returns an engine with no sandboxes.
@@ -65,8 +66,12 @@ func (f *Engine) find(id string) (*sandbox.Sandbox, error) {
 func (f *Engine) op(kind sandbox.OpKind, sbID string) *sandbox.Operation {
 	op := &sandbox.Operation{ID: ids.New(ids.Operation), Project: store.DefaultProject, Kind: kind, SandboxID: sbID, State: sandbox.OpSucceeded, CreatedAt: time.Now().UTC()}
 	f.ops[op.ID] = op
+	f.hub.Publish(lifecycle.Change{Sandbox: sbID, Operation: op.ID})
 	return op
 }
+
+// Watch tells of every operation from now on, and of its sandbox.
+func (f *Engine) Watch(ctx context.Context) *lifecycle.Changes { return f.hub.Watch(ctx) }
 
 func (f *Engine) Create(ctx context.Context, req lifecycle.CreateRequest, render lifecycle.Render) (*sandbox.Sandbox, *sandbox.Operation, error) {
 	if err := req.Normalize(lifecycle.DefaultLimits); err != nil {
