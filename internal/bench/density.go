@@ -7,11 +7,12 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/spacesandbox/space/internal/metrics"
 )
 
 // Density measures how many idle sandboxes one server holds and what they
@@ -150,17 +151,8 @@ feed:
 
 // memAvailable is this host's MemAvailable in bytes.
 func memAvailable() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err
-		}
+	if v, ok := metrics.MemInfo()["MemAvailable"]; ok {
+		return v, nil
 	}
 	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
 }

@@ -187,6 +187,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	}
 	m := metrics.New()
 	m.WatchSandboxes(st)
+	m.WatchHost(cfg.MaxSandboxes)
 	m.WatchProjects(st)
 	if netMgr != nil {
 		m.WatchNetwork(netMgr)
