@@ -126,6 +126,8 @@ type Serve struct {
 	// data plane, which forwards each stream to the node (for clients
 	// that cannot reach nodes).
 	ProxyDataPlane bool
+	// Console serves the web console at /console/ on the API listener.
+	Console bool
 }
 
 // The roles of `space serve`.
@@ -191,6 +193,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.VMAccel, "vm-accel", "auto", "vm acceleration: auto (kvm where a probe guest boots, else tcg), kvm or tcg")
 	str(&s.AgentBin, "agent-bin", "", "static space-agent binary (default: beside the space binary, else from PATH)")
 	fs.BoolVar(&s.AllowPlainHTTP, "allow-plain-http", os.Getenv(EnvName("allow-plain-http")) == "true", "serve plain HTTP beyond loopback: only behind a TLS-terminating proxy or on a network that encrypts (tokens cross it in clear) (env "+EnvName("allow-plain-http")+")")
+	fs.BoolVar(&s.Console, "console", os.Getenv(EnvName("console")) != "false", "serve the web console at /console/ on the API listener (env "+EnvName("console")+"=false turns it off)")
 	fs.BoolVar(&s.ProxyDataPlane, "proxy-data-plane", os.Getenv(EnvName("proxy-data-plane")) == "true", "control role: attach URLs name this replica's data plane (--data-plane-url), which forwards each command stream to its node — for clients that cannot reach the nodes (env "+EnvName("proxy-data-plane")+")")
 	buildSeed := os.Getenv(EnvName("build-seed")) != "false"
 	fs.BoolVar(&s.BuildSeed, "build-seed", buildSeed, "build the seed:latest template on start when it is missing (env "+EnvName("build-seed")+")")

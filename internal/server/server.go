@@ -29,6 +29,7 @@ import (
 	"github.com/spacesandbox/space/internal/cluster"
 	"github.com/spacesandbox/space/internal/commands"
 	"github.com/spacesandbox/space/internal/config"
+	"github.com/spacesandbox/space/internal/console"
 	"github.com/spacesandbox/space/internal/ecw"
 	"github.com/spacesandbox/space/internal/httpguard"
 	"github.com/spacesandbox/space/internal/ingress"
@@ -326,6 +327,9 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	var apiHandler http.Handler = apiSrv
 	if clu != nil && nodeOf != nil {
 		apiHandler = clu.NodeHandler(eng, apiSrv) // the cluster's calls, under /internal/
+	}
+	if cfg.Console && cfg.Role != config.RoleNode {
+		apiHandler = console.Handler(apiHandler, dataSrv)
 	}
 	servers := []*http.Server{
 		newHTTPServer(apiHandler, cfg, log),
