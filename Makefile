@@ -11,6 +11,7 @@ export SPACE_REQUIRE_E2B_SDK ?= 1
 export SPACE_REQUIRE_VM ?= 1
 export SPACE_REQUIRE_POSTGRES ?= 1
 export SPACE_REQUIRE_S3 ?= 1
+export SPACE_REQUIRE_CHROMIUM ?= 1
 # The gvisor end-to-end suites run on PostgreSQL and an S3 bucket; vm and
 # the fake runtime stay on SQLite and the data directory.
 export SPACE_E2E_BACKENDS ?= production

@@ -17,14 +17,19 @@ import (
 
 // testHost offers the FAKE runtime with --runtime fake. Only binaries built
 // with the spacefake tag (the fault-injection end-to-end tests) contain it.
-// SPACE_FAKE_DELAY slows every step; SPACE_FAKE_FAIL lists failing steps.
+// SPACE_FAKE_DELAY slows every step; SPACE_FAKE_FAIL lists failing steps;
+// SPACE_AGENT_BIN=off runs sandboxes without an agent (records only: a
+// fleet of thousands for the console's tests).
 func testHost(ctx context.Context, cfg *config.Serve, log *slog.Logger) (server.Host, bool, error) {
 	if cfg.Runtime != fakeruntime.Name {
 		return server.Host{}, false, nil
 	}
 	delay, _ := time.ParseDuration(os.Getenv("SPACE_FAKE_DELAY"))
 	agentBin := os.Getenv("SPACE_AGENT_BIN")
-	if agentBin == "" {
+	switch agentBin {
+	case "off":
+		agentBin = ""
+	case "":
 		if exe, err := os.Executable(); err == nil {
 			if cand := filepath.Join(filepath.Dir(exe), "space-agent"); fileExists(cand) {
 				agentBin = cand

@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/chromedp"
+)
+
+// browserTab is a real headless Chromium (Debian's chromium) driven over
+// the DevTools protocol, one tab, 1280×800. It records every console error,
+// uncaught exception and browser-log error (a CSP refusal is one); the test
+// fails on any at its end.
+type browserTab struct {
+	t         *testing.T
+	ctx       context.Context
+	shots     string // where screenshots go
+	downloads string
+
+	mu       sync.Mutex
+	problems []string
+	expected []string // refusals the test provokes (expectRefusal)
+}
+
+// expectRefusal says the test is about to provoke an HTTP 401 from path
+// (a wrong or revoked token): the browser logs a failed request for it as
+// an error, which is then not one of the page's.
+func (b *browserTab) expectRefusal(path string) {
+	b.mu.Lock()
+	b.expected = append(b.expected, path)
+	b.mu.Unlock()
+}
+
+// needChromium skips without Chromium, or fails when the run requires it
+// (SPACE_REQUIRE_CHROMIUM=1, which CI sets).
+func needChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("SPACE_REQUIRE_CHROMIUM") == "1" {
+		t.Fatal("SPACE_REQUIRE_CHROMIUM=1 but chromium is not installed (apt-get install chromium)")
+	}
+	t.Skip("chromium is not installed (apt-get install chromium)")
+	return ""
+}
+
+// artifactDir is where a test keeps files for people to look at after the
+// run (screenshots): $SPACE_ARTIFACTS/<name>, or a folder under the
+// system's temporary directory. It is kept, and its path is logged.
+func artifactDir(t *testing.T, name string) string {
+	root := os.Getenv("SPACE_ARTIFACTS")
+	if root == "" {
+		root = filepath.Join(os.TempDir(), "space-artifacts")
+	}
+	dir := filepath.Join(root, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("artifacts (screenshots): %s", dir)
+	fmt.Fprintf(os.Stderr, "e2e: %s screenshots in %s\n", name, dir)
+	return dir
+}
+
+func newBrowserTab(t *testing.T, shots string) *browserTab {
+	t.Helper()
+	path := needChromium(t)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox, // tests run as root
+		chromedp.WindowSize(1280, 800),
+		chromedp.UserDataDir(t.TempDir()),
+		// Nothing leaves loopback: no name resolves but local ones, and
+		// none of the browser's own services run.
+		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-domain-reliability", true),
+		chromedp.Flag("no-pings", true),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	b := &browserTab{t: t, ctx: ctx, shots: shots, downloads: t.TempDir()}
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+				b.mu.Lock()
+				b.problems = append(b.problems, fmt.Sprintf("%s: %s (%s:%d)", m.Type, m.Text, m.URL, m.Line))
+				b.mu.Unlock()
+			}
+		}
+	}()
+	if _, err := chromedp.CallBrowser(ctx, browser.SetDownloadBehavior, browser.SetDownloadBehaviorParams{
+		Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: b.downloads,
+	}); err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	b.do("set the viewport", 30*time.Second, chromedp.EmulateViewport(1280, 800))
+	return b
+}
+
+// do runs steps within timeout.
+func (b *browserTab) do(what string, timeout time.Duration, steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, timeout)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		b.shot("failed-" + strings.ReplaceAll(what, " ", "-"))
+		b.t.Fatalf("browser: %s: %v", what, err)
+	}
+}
+
+// waitFor waits until the JavaScript expression is truthy.
+func (b *browserTab) waitFor(what, expr string, timeout time.Duration) {
+	b.t.Helper()
+	b.do("wait for "+what, timeout+5*time.Second, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(50*time.Millisecond)))
+}
+
+// eval returns the value of a JavaScript expression as a string.
+func (b *browserTab) eval(expr string) string {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		b.t.Fatalf("browser: eval %s: %v", expr, err)
+	}
+	return v
+}
+
+// shot saves a screenshot of the viewport (1280×800) as name.png.
+func (b *browserTab) shot(name string) {
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		b.t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(b.shots, name+".png"), png, 0o644); err != nil {
+		b.t.Logf("screenshot %s: %v", name, err)
+	}
+}
+
+// noConsoleErrors fails the test if the page logged an error.
+func (b *browserTab) noConsoleErrors() {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+next:
+	for _, p := range b.problems {
+		for _, path := range b.expected {
+			if strings.Contains(p, "status of 401") && strings.Contains(p, path+":") {
+				continue next
+			}
+		}
+		b.t.Errorf("browser console: %s", p)
+	}
+}
