@@ -156,6 +156,20 @@ func (b *browserTab) shot(name string) {
 	}
 }
 
+// labelled fails the test if a control on the page has no accessible
+// name (a label, aria-label, aria-labelledby or text): what a screen
+// reader would announce as just "button" or "edit text".
+func (b *browserTab) labelled(page string) {
+	b.t.Helper()
+	bad := b.eval(`JSON.stringify([...document.querySelectorAll('input, select, textarea, button, a[href]')]
+		.filter((el) => el.type !== 'hidden' && !el.closest('[hidden]'))
+		.filter((el) => !((el.labels && el.labels.length) || el.getAttribute('aria-label') || el.getAttribute('aria-labelledby') || el.textContent.trim()))
+		.map((el) => el.outerHTML.slice(0, 120)))`)
+	if bad != "[]" {
+		b.t.Errorf("%s: controls without an accessible name: %s", page, bad)
+	}
+}
+
 // noConsoleErrors fails the test if the page logged an error.
 func (b *browserTab) noConsoleErrors() {
 	b.t.Helper()

@@ -59,6 +59,7 @@ func TestConsole(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#login")))
 	b.waitFor("the refusal", `document.getElementById('login-error').textContent.includes('refused')`, 10*time.Second)
 	b.shot("login")
+	b.labelled("login")
 	b.eval(`document.getElementById('token').value = ''`)
 	b.do("log in", 10*time.Second, chromedp.SendKeys(chromedp.CSS("#token"), s.token), chromedp.Click(chromedp.CSS("#login")))
 	b.waitFor("the overview", `document.getElementById('main').dataset.ready === 'overview'`, 15*time.Second)
@@ -78,6 +79,7 @@ func TestConsole(t *testing.T) {
 		t.Fatal("the page reloaded")
 	}
 	b.shot("sandboxes")
+	b.labelled("sandboxes")
 
 	// The sandbox page: a terminal runs python.
 	b.do("sandbox page", 10*time.Second, chromedp.Click(chromedp.CSS(`a[href="#/sandboxes/`+sbx+`"]`)))
@@ -92,6 +94,15 @@ func TestConsole(t *testing.T) {
 	typeLine(`python3 -c 'print(6*7)'`)
 	b.waitFor("42 in the terminal", `/[\r\n]42\r?\n/.test(document.getElementById('terminal').dataset.text || '')`, 30*time.Second)
 	b.shot("sandbox-terminal")
+	b.labelled("sandbox")
+
+	// Resizing the window resizes the terminal's PTY.
+	b.do("a narrower window", 10*time.Second, chromedp.EmulateViewport(1000, 800))
+	b.waitFor("the terminal resized", `(() => { const z = document.getElementById('terminal').dataset.size; return z && z !== '`+b.eval(`document.getElementById('terminal').dataset.size`)+`'; })()`, 10*time.Second)
+	size := strings.Split(b.eval(`document.getElementById('terminal').dataset.size`), "x")
+	typeLine(`stty size`)
+	b.waitFor("stty's answer", `(document.getElementById('terminal').dataset.text || '').includes('`+size[1]+` `+size[0]+`\r\n')`, 20*time.Second)
+	b.do("the window back", 10*time.Second, chromedp.EmulateViewport(1280, 800))
 
 	// Upload a file into /root, then download it back.
 	payload := make([]byte, 300<<10)
@@ -145,6 +156,7 @@ func TestConsole(t *testing.T) {
 		b.do("page "+p.ready, 10*time.Second, chromedp.Navigate(base+"/console/"+p.hash))
 		b.waitFor("page "+p.ready, `document.getElementById('main').dataset.ready === '`+p.ready+`'`, 20*time.Second)
 		b.shot(p.ready)
+		b.labelled(p.ready)
 	}
 	// A warm pool set from the templates page fills, and the page shows it.
 	pool := `document.querySelector('tr[data-template="seed:latest"]')`
@@ -300,6 +312,23 @@ func TestConsoleThousandSandboxesFakeRuntime(t *testing.T) {
 	b.waitFor("all 1000 listed", `document.getElementById('sandbox-count').textContent.startsWith('1000 sandboxes')`, 20*time.Second)
 	b.eval(`(() => { const s = document.querySelector('.scroller'); s.scrollTop = s.scrollHeight; return ''; })()`)
 	b.waitFor("the last rows shown", `document.querySelector('#sandboxes-table tr[aria-rowindex="1001"]') !== null`, 10*time.Second)
+	b.labelled("sandboxes (fleet)")
+
+	// Three selected, suspended in bulk after a confirmation; the rows
+	// follow live, and the state filter finds them.
+	b.eval(`(() => { document.querySelector('.scroller').scrollTop = 0; return ''; })()`)
+	b.waitFor("the first rows again", `document.querySelector('#sandboxes-table tr[aria-rowindex="2"]') !== null`, 10*time.Second)
+	for i := 1; i <= 3; i++ {
+		b.do("select a row", 10*time.Second, chromedp.Click(chromedp.CSS(`#sandboxes-table tr[aria-rowindex="`+strconv.Itoa(i+1)+`"] input[type=checkbox]`)))
+	}
+	picked := b.eval(`JSON.stringify([2, 3, 4].map((i) => document.querySelector('#sandboxes-table tr[aria-rowindex="' + i + '"]').dataset.id))`)
+	b.do("bulk suspend", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-bulk="suspend"]`)))
+	b.waitFor("the confirmation", `document.getElementById('confirm').open && document.getElementById('confirm-title').textContent === 'Suspend 3 sandboxes?'`, 5*time.Second)
+	b.do("confirm", 10*time.Second, chromedp.Click(chromedp.CSS("#confirm-ok")))
+	b.waitFor("three suspended", picked+`.every((id) => document.querySelector('#sandboxes-table tr[data-id="' + id + '"]')?.dataset.state === 'suspended')`, 30*time.Second)
+	b.shot("sandboxes-bulk-suspended")
+	b.do("filter suspended", 10*time.Second, chromedp.SetValue(chromedp.CSS("#filter-state"), "suspended"), chromedp.Evaluate[chromedp.Void](`document.getElementById('filter-state').dispatchEvent(new Event('change'))`))
+	b.waitFor("the filtered list", `document.getElementById('sandbox-count').textContent.startsWith('3 sandboxes')`, 10*time.Second)
 	b.noConsoleErrors()
 }
 

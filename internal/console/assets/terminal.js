@@ -47,7 +47,8 @@ export class Console {
     this.attach = sess.attach.token;
     this.el.dataset.session = this.session;
     this.term.onData((d) => this.send(d));
-    this.term.onResize(({ cols: c, rows: r }) => this.resize(c, r));
+    this.el.dataset.size = `${cols}x${rows}`;
+    this.term.onResize(({ cols: c, rows: r }) => { this.el.dataset.size = `${c}x${r}`; this.resize(c, r); });
     this.resizeObserver = new ResizeObserver(() => { try { this.fit.fit(); } catch { /* hidden */ } });
     this.resizeObserver.observe(this.el);
     this.follow();

@@ -154,7 +154,8 @@ export async function sandboxes(main, _params, signal) {
     e.preventDefault();
     createBtn.disabled = true;
     try {
-      const body = { template: tplSel.value };
+      const body = {};
+      if (tplSel.value) body.template = tplSel.value;
       if (rtSel.value) body.runtime = rtSel.value;
       const r = await api('POST', '/v1/sandboxes', { body });
       upsert(r.sandbox, true);
@@ -193,6 +194,7 @@ export async function sandboxes(main, _params, signal) {
   }, { signal, onReconnect: reload });
 
   const [tpls, ready] = await Promise.all([api('GET', '/v1/templates', { signal }).catch(() => ({ items: [] })), fetch('/readyz').then((r) => r.json()).catch(() => ({}))]);
+  if (!(tpls.items || []).length) tplSel.append(h('option', { value: '' }, 'server default'));
   for (const t of tpls.items || []) tplSel.append(h('option', { value: `${t.name}:${t.tag}`, selected: `${t.name}:${t.tag}` === 'seed:latest' }, `${t.name}:${t.tag}`));
   rtSel.append(h('option', { value: '' }, `default (${ready.default_runtime || '?'})`));
   for (const r of ready.runtimes || []) rtSel.append(h('option', { value: r }, r));
