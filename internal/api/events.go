@@ -13,6 +13,16 @@ import (
 	"github.com/spacesandbox/space/internal/httpguard"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// followEvery is how often the stream re-reads the operations it has shown
+// in flight, and maxFollowed how many it follows at once: in a cluster a
+// node records an operation's outcome in the shared store, where this
+// process's engine does not see it written.
+const (
+	followEvery = time.Second
+	maxFollowed = 512
 )
 
 // eventsSettle is how long the stream lets a burst of changes gather
@@ -75,6 +85,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 	}
 	keepalive := time.NewTicker(s.EventsKeepalive)
 	defer keepalive.Stop()
+	follow := time.NewTicker(followEvery)
+	defer follow.Stop()
+	inFlight := map[string]sandbox.OpState{} // operations shown, not yet ended
 	for {
 		select {
 		case <-ctx.Done():
@@ -84,6 +97,23 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 				return nil
 			}
 			out.ping()
+		case <-follow.C:
+			if len(inFlight) == 0 {
+				continue
+			}
+			var moved []lifecycle.Change
+			for id, was := range inFlight {
+				if op, err := s.engine.Operation(ctx, id); err != nil || op.State != was {
+					moved = append(moved, lifecycle.Change{Operation: id})
+				}
+			}
+			if len(moved) == 0 {
+				continue
+			}
+			if !stillValid() {
+				return nil
+			}
+			s.writeChanges(ctx, out, tok.Project, only, moved, inFlight)
 		case <-changes.C():
 			select {
 			case <-ctx.Done():
@@ -93,7 +123,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 			if !stillValid() {
 				return nil
 			}
-			s.writeChanges(ctx, out, tok.Project, only, changes.Take())
+			s.writeChanges(ctx, out, tok.Project, only, changes.Take(), inFlight)
 		}
 		if err := flush(); err != nil {
 			return nil
@@ -103,15 +133,24 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 
 // writeChanges writes the current record of each change that belongs to
 // project (and to sandbox only, when set); records that vanished or are
-// not the client's are skipped.
-func (s *Server) writeChanges(ctx context.Context, out *sseWriter, project, only string, cs []lifecycle.Change) {
+// not the client's are skipped. It keeps inFlight, the operations written
+// that have not ended, with the state they were shown in.
+func (s *Server) writeChanges(ctx context.Context, out *sseWriter, project, only string, cs []lifecycle.Change, inFlight map[string]sandbox.OpState) {
 	seen := map[string]bool{}
 	for _, c := range cs {
 		if c.Operation != "" && !seen[c.Operation] {
 			seen[c.Operation] = true
 			op, err := s.engine.Operation(ctx, c.Operation)
+			if err != nil {
+				delete(inFlight, c.Operation)
+			}
 			if err == nil && op.Project == project && (only == "" || op.SandboxID == only) {
 				out.jsonEvent("", "operation", op)
+				if op.State.Terminal() {
+					delete(inFlight, op.ID)
+				} else if _, ok := inFlight[op.ID]; ok || len(inFlight) < maxFollowed {
+					inFlight[op.ID] = op.State
+				}
 				if c.Sandbox == "" && op.SandboxID != "" && !seen[op.SandboxID] {
 					c.Sandbox = op.SandboxID // an operation's end changes its sandbox
 				}

@@ -386,6 +386,25 @@ func TestEventsStream(t *testing.T) {
 	if w := h.call(h.api, "GET", "/v1/token", "", h.token); w.Code != 200 || !strings.Contains(w.Body.String(), `"role":"owner"`) || strings.Contains(w.Body.String(), h.token) {
 		t.Fatalf("GET /v1/token: %d %s", w.Code, w.Body)
 	}
+	// An operation shown running is followed until it ends, also when the
+	// end is written where this engine does not see it (a cluster node).
+	op := h.eng.Running(sandbox.OpSuspend, watched.ID)
+	for {
+		name, data := next(one)
+		if name == "operation" && strings.Contains(data, op.ID) && strings.Contains(data, `"state":"running"`) {
+			break
+		}
+	}
+	h.eng.FinishElsewhere(op.ID)
+	for {
+		name, data := next(one)
+		if name == "eof" {
+			t.Fatal("stream ended before the operation's end")
+		}
+		if name == "operation" && strings.Contains(data, op.ID) && strings.Contains(data, `"state":"succeeded"`) {
+			break
+		}
+	}
 	// Revoking the token ends both streams with an error event.
 	tok, err := h.api.tokens.Verify(context.Background(), h.token)
 	if err != nil {

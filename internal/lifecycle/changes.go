@@ -87,8 +87,7 @@ func (h *Hub) Watch(ctx context.Context) *Changes {
 // Watch returns the records this engine writes from now until ctx ends:
 // every sandbox and operation it creates or changes (operations it runs,
 // pool claims, timeouts, deaths). In a cluster it is this process's own
-// writes; a control replica sees what it records and what its nodes
-// report back through it.
+// writes only: an outcome a node records in the shared store is not here.
 func (e *Engine) Watch(ctx context.Context) *Changes { return e.changes.Watch(ctx) }
 
 // watchedStore is the engine's store, telling the hub of every write that

@@ -70,6 +70,23 @@ func (f *Engine) op(kind sandbox.OpKind, sbID string) *sandbox.Operation {
 	return op
 }
 
+// Running records an operation of sbID still running, and tells watchers.
+func (f *Engine) Running(kind sandbox.OpKind, sbID string) *sandbox.Operation {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := f.op(kind, sbID)
+	op.State = sandbox.OpRunning
+	return op
+}
+
+// FinishElsewhere ends a running operation without telling watchers, as a
+// cluster node records an outcome in the shared store.
+func (f *Engine) FinishElsewhere(opID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ops[opID].State = sandbox.OpSucceeded
+}
+
 // Watch tells of every operation from now on, and of its sandbox.
 func (f *Engine) Watch(ctx context.Context) *lifecycle.Changes { return f.hub.Watch(ctx) }
 
