@@ -27,6 +27,7 @@ export function canWrite() {
 
 export async function sandboxes(main, _params, signal) {
   let rows = [], next = '', loading = false, stateFilter = '', textFilter = '';
+  let gen = 0; // bumped by reload: a page read for an older filter is dropped
   const byId = new Map();
   const selected = new Set();
   let view = [];
@@ -106,21 +107,24 @@ export async function sandboxes(main, _params, signal) {
   async function loadMore() {
     if (loading) return;
     loading = true;
+    const mine = gen;
     try {
       const q = { ...(stateFilter ? { state: stateFilter } : {}) };
       if (next) q.cursor = next;
       const page = await api('GET', `/v1/sandboxes?${new URLSearchParams({ ...q, limit: '500' })}`, { signal });
+      if (mine !== gen) return;
       for (const sb of page.items || []) upsert(sb, false);
       next = page.next_cursor || '';
     } finally {
-      loading = false;
+      if (mine === gen) loading = false;
     }
     refilter();
     updateBulk();
   }
 
   async function reload() {
-    rows = []; byId.clear(); next = ''; selected.clear();
+    gen++;
+    rows = []; byId.clear(); next = ''; selected.clear(); loading = false;
     await loadMore();
   }
 
