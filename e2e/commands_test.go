@@ -554,10 +554,7 @@ func testCLIExecAndFiles(t *testing.T, rt string) {
 // the FAKE runtime's host-process agent always, gVisor where it runs (and
 // CI requires it there: SPACE_REQUIRE_GVISOR=1).
 func TestCommandsAndFiles(t *testing.T) {
-	suite := []struct {
-		name string
-		fn   func(*testing.T, string)
-	}{
+	runOnRuntimes(t, e2eRuntimes(t), []suiteCase{
 		{"SeedExample", testCommandSeedExample},
 		{"Outcomes", testCommandOutcomes},
 		{"BadRequests", testCommandBadRequests},
@@ -569,14 +566,7 @@ func TestCommandsAndFiles(t *testing.T) {
 		{"FilesAPI", testFilesAPI},
 		{"FilesLargeTransfer", testFilesLargeTransfer},
 		{"CLIExecAndFiles", testCLIExecAndFiles},
-	}
-	for _, rt := range e2eRuntimes(t) {
-		t.Run(rt, func(t *testing.T) {
-			for _, tc := range suite {
-				t.Run(tc.name, func(t *testing.T) { tc.fn(t, rt) })
-			}
-		})
-	}
+	})
 }
 
 // An attached, running command keeps a sandbox with a short idle timeout

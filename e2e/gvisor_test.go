@@ -31,10 +31,7 @@ func realRuntimes(t *testing.T) []string {
 // TestRealRuntimes runs the suites that need real sandboxes on every real
 // runtime: gVisor, and QEMU microVMs (TCG here, KVM in production).
 func TestRealRuntimes(t *testing.T) {
-	suite := []struct {
-		name string
-		fn   func(*testing.T, string)
-	}{
+	runOnRuntimes(t, realRuntimes(t), []suiteCase{
 		{"ProcessSurvivesSuspendWake", testProcessSurvivesSuspendWake},
 		{"ServerKilledSandboxesSurvive", testServerKilledSandboxesSurvive},
 		{"DeleteLeavesNothing", testDeleteLeavesNothing},
@@ -43,14 +40,7 @@ func TestRealRuntimes(t *testing.T) {
 		{"DeadSandboxIsFailed", testDeadSandboxIsFailed},
 		{"FaultInjection", testFaultInjection},
 		{"FailedSuspendKeepsRunning", testFailedSuspendKeepsRunning},
-	}
-	for _, rt := range realRuntimes(t) {
-		t.Run(rt, func(t *testing.T) {
-			for _, tc := range suite {
-				t.Run(tc.name, func(t *testing.T) { tc.fn(t, rt) })
-			}
-		})
-	}
+	})
 }
 
 // lifecycle drives one lifecycle step through the API and waits for it.

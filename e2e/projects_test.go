@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/url"
 	"sort"
 	"strconv"
@@ -219,6 +221,10 @@ func TestProjects(t *testing.T) {
 				p = strings.Replace(path, "{id}", a.memberID, 1)
 			case strings.Contains(path, "{name}:{tag}"):
 				p = strings.Replace(path, "{name}:{tag}", "atpl:v1", 1)
+			case route == "GET /v1/events":
+				checkEventsAcrossProjects(t, s, a, b, sbxA)
+				tried++
+				continue
 			case method == "GET": // a list: b's tokens see none of a's objects
 				for _, tok := range []string{b.admin, b.member, b.readOnly} {
 					r := s.do("GET", path, tok, nil)
@@ -657,4 +663,66 @@ func TestProjects(t *testing.T) {
 			t.Errorf("a malformed project name = %d", r.status)
 		}
 	})
+}
+
+// checkEventsAcrossProjects: team-b's event stream refuses team-a's
+// sandbox as not found, and shows none of team-a's changes, which team-a's
+// own stream shows.
+func checkEventsAcrossProjects(t *testing.T, s *server, a, b tenant, sbxA string) {
+	t.Helper()
+	for _, tok := range []string{b.admin, b.member, b.readOnly} {
+		if r := s.do("GET", "/v1/events?sandbox_id="+sbxA, tok, nil); r.status != 404 || r.errorCode() != "not_found" {
+			t.Errorf("GET /v1/events?sandbox_id= team-a's sandbox as team-b = %d %s, want 404", r.status, r.body)
+		}
+	}
+	open := func(tok string) (*bufio.Reader, func()) {
+		req, _ := http.NewRequest("GET", s.url("/v1/events"), nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET /v1/events: %v %v", resp, err)
+		}
+		return bufio.NewReader(resp.Body), func() { resp.Body.Close() }
+	}
+	bStream, closeB := open(b.readOnly)
+	defer closeB()
+	aStream, closeA := open(a.readOnly)
+	defer closeA()
+	// Both streams are open once each has said ready.
+	for _, r := range []*bufio.Reader{aStream, bStream} {
+		if line, err := r.ReadString('\n'); err != nil || line != "event: ready\n" {
+			t.Fatalf("first line %q %v", line, err)
+		}
+	}
+	r := s.do("PUT", "/v1/sandboxes/"+sbxA+"/network", a.member, []byte(`{"egress":"none"}`))
+	if r.status != 200 {
+		t.Fatalf("change team-a's sandbox: %d %s", r.status, r.body)
+	}
+	// team-a hears of it...
+	deadline := time.Now().Add(10 * time.Second)
+	for heard := false; !heard; {
+		line, err := aStream.ReadString('\n')
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("team-a's stream never named its sandbox (%v)", err)
+		}
+		heard = strings.Contains(line, sbxA)
+	}
+	// ...team-b, in the same time and a while more, hears nothing of it.
+	got := make(chan string, 1)
+	go func() {
+		var seen strings.Builder
+		for {
+			line, err := bStream.ReadString('\n')
+			seen.WriteString(line)
+			if err != nil {
+				got <- seen.String()
+				return
+			}
+		}
+	}()
+	time.Sleep(time.Second)
+	closeB()
+	if text := <-got; strings.Contains(text, sbxA) || strings.Contains(text, "team-a") {
+		t.Errorf("team-b's event stream shows team-a's changes: %s", text)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -76,6 +77,33 @@ func e2eRuntimes(t *testing.T) []string {
 		t.Logf("vm runtime not tested here: %s", why)
 	}
 	return rts
+}
+
+// suiteCase is one test of a suite that runs on several runtimes.
+type suiteCase struct {
+	name string
+	fn   func(*testing.T, string)
+}
+
+// runOnRuntimes runs suite on each runtime of rts, the runtimes at the
+// same time (each on its own server) and the cases of one runtime in
+// order. The slowest runtime starts first (vm, which under TCG keeps a
+// core busy; then gvisor, whose tests mostly wait; then the fake), so
+// with go test's default -parallel (one per core) the others share the
+// second core while it runs.
+func runOnRuntimes(t *testing.T, rts []string, suite []suiteCase) {
+	t.Helper()
+	order := map[string]int{"vm": 0, "gvisor": 1, "fake": 2}
+	rts = slices.Clone(rts)
+	slices.SortStableFunc(rts, func(a, b string) int { return order[a] - order[b] })
+	for _, rt := range rts {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			for _, tc := range suite {
+				t.Run(tc.name, func(t *testing.T) { tc.fn(t, rt) })
+			}
+		})
+	}
 }
 
 // requireVM skips (or, in CI, fails) a vm-only test.

@@ -46,6 +46,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 	}
 	tok, _ := auth.TokenOf(r.Context())
 	ctx := r.Context()
+	if only != "" {
+		// Another project's sandbox answers as one that does not exist.
+		if sb, err := s.engine.Get(ctx, only); err != nil || sb.Project != tok.Project || sb.Pool != "" {
+			return errdefs.New(errdefs.NotFound, "sandbox %s not found", only)
+		}
+	}
 	httpguard.Exempt(ctx) // an authenticated stream: not held to the connection cap
 	changes := s.engine.Watch(ctx)
 

@@ -383,6 +383,9 @@ func TestEventsStream(t *testing.T) {
 	if w := h.call(h.api, "GET", "/v1/events?sandbox_id=nope", "", h.token); w.Code != 400 || errorCode(w) != "invalid_argument" {
 		t.Fatalf("bad sandbox_id: %d %s", w.Code, w.Body)
 	}
+	if w := h.call(h.api, "GET", "/v1/events?sandbox_id="+ids.New(ids.Sandbox), "", h.token); w.Code != 404 || errorCode(w) != "not_found" {
+		t.Fatalf("unknown sandbox_id: %d %s", w.Code, w.Body)
+	}
 	if w := h.call(h.api, "GET", "/v1/token", "", h.token); w.Code != 200 || !strings.Contains(w.Body.String(), `"role":"owner"`) || strings.Contains(w.Body.String(), h.token) {
 		t.Fatalf("GET /v1/token: %d %s", w.Code, w.Body)
 	}
