@@ -21,14 +21,16 @@ export class APIError extends Error {
 let onUnauthenticated = () => {};
 export function whenUnauthenticated(fn) { onUnauthenticated = fn; }
 
-async function failure(resp) {
+// failure reads an error answer. A 401 to the API token logs the console
+// out; one to a session's attachment token (the data plane) does not.
+async function failure(resp, apiToken = true) {
   let code = '', message = `${resp.status} ${resp.statusText}`, details;
   try {
     const b = await resp.json();
     if (b && b.error) ({ code, message, details } = b.error);
   } catch { /* not JSON */ }
   const err = new APIError(resp.status, code, message, details);
-  if (resp.status === 401) onUnauthenticated(err);
+  if (resp.status === 401 && apiToken) onUnauthenticated(err);
   return err;
 }
 
@@ -66,11 +68,11 @@ export async function pages(path, params, each, { limit = 500, signal } = {}) {
 // send an Authorization header) and calls onEvent({id, event, data}). It
 // resolves when the stream ends, rejects on an HTTP error; onOpen runs once
 // the server has answered.
-export async function stream(url, bearer, onEvent, { signal, lastEventID, onOpen } = {}) {
+export async function stream(url, bearer, onEvent, { signal, lastEventID, onOpen, apiToken = false } = {}) {
   const headers = { Authorization: `Bearer ${bearer}`, Accept: 'text/event-stream' };
   if (lastEventID) headers['Last-Event-ID'] = lastEventID;
   const resp = await fetch(url, { headers, signal, cache: 'no-store' });
-  if (!resp.ok) throw await failure(resp);
+  if (!resp.ok) throw await failure(resp, apiToken);
   if (onOpen) onOpen();
   const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = '', ev = { id: '', event: '', data: '' };
@@ -120,7 +122,7 @@ export function watch(params, onEvent, { signal, onReconnect = () => {} } = {}) 
             return;
           }
           if (ev.event === 'sandbox' || ev.event === 'operation') onEvent(ev.event, JSON.parse(ev.data));
-        }, { signal });
+        }, { signal, apiToken: true });
       } catch (e) {
         if (signal.aborted || (e instanceof APIError && (e.status === 401 || e.status === 403))) return;
       }
