@@ -34,7 +34,8 @@ const eventsSettle = 50 * time.Millisecond
 // Server-Sent Events (GET /v1/events): "ready" first, then a "sandbox" or
 // "operation" event with the whole record each time one changes. It has no
 // event ids: a client that reconnects reads the lists again. The stream
-// ends with an "error" event when the token is revoked or expires.
+// ends with an "error" event when the token is revoked or expires; a
+// "resync" event says changes were dropped (the client read too slowly).
 func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error {
 	q, err := query(r, "sandbox_id")
 	if err != nil {
@@ -129,7 +130,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 			if !stillValid() {
 				return nil
 			}
-			s.writeChanges(ctx, out, tok.Project, only, changes.Take(), inFlight)
+			taken, lost := changes.Take()
+			if lost {
+				out.jsonEvent("", "resync", map[string]any{"message": "this stream fell behind and changes were dropped: read the lists again"})
+			}
+			s.writeChanges(ctx, out, tok.Project, only, taken, inFlight)
 		}
 		if err := flush(); err != nil {
 			return nil

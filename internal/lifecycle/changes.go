@@ -17,19 +17,27 @@ type Change struct {
 	Operation string
 }
 
+// MaxPendingChanges bounds what a watcher that does not read keeps: past
+// it, the changes are dropped and Take says so (re-read everything).
+const MaxPendingChanges = 10000
+
 // Changes are the records written since a watcher last read, each named
-// once however often it changed (coalesced, never dropped).
+// once however often it changed (coalesced; dropped only past
+// MaxPendingChanges, and then Take says so).
 type Changes struct {
-	mu  sync.Mutex
-	set map[Change]struct{}
-	c   chan struct{} // a token when set is not empty
+	mu   sync.Mutex
+	set  map[Change]struct{}
+	lost bool
+	c    chan struct{} // a token when set is not empty
 }
 
 // C receives when changes are waiting; Take then returns them.
 func (w *Changes) C() <-chan struct{} { return w.c }
 
-// Take returns the changes waiting and forgets them.
-func (w *Changes) Take() []Change {
+// Take returns the changes waiting and forgets them; lost says some were
+// dropped since the last Take (the watcher read too slowly), so whatever
+// it shows must be read again.
+func (w *Changes) Take() (changes []Change, lost bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := make([]Change, 0, len(w.set))
@@ -37,12 +45,17 @@ func (w *Changes) Take() []Change {
 		out = append(out, c)
 	}
 	clear(w.set)
-	return out
+	lost, w.lost = w.lost, false
+	return out, lost
 }
 
 func (w *Changes) add(cs []Change) {
 	w.mu.Lock()
 	for _, c := range cs {
+		if len(w.set) >= MaxPendingChanges {
+			clear(w.set)
+			w.lost = true
+		}
 		w.set[c] = struct{}{}
 	}
 	w.mu.Unlock()

@@ -2,6 +2,7 @@ package lifecycle_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 
@@ -22,7 +23,11 @@ func testWatchTellsOfEveryWrite(t *testing.T) {
 	synctest.Wait()
 	seen := map[lifecycle.Change]int{}
 	named := false
-	for _, c := range changes.Take() {
+	taken, lost := changes.Take()
+	if lost {
+		t.Fatal("changes lost")
+	}
+	for _, c := range taken {
 		seen[c]++
 		named = named || c.Sandbox == sb.ID
 	}
@@ -49,14 +54,15 @@ func testWatchTellsOfEveryWrite(t *testing.T) {
 		t.Fatal("no signal after a pause")
 	}
 	var sawOp, sawSandbox bool
-	for _, c := range changes.Take() {
+	taken, _ = changes.Take()
+	for _, c := range taken {
 		sawOp = sawOp || c.Operation == op.ID
 		sawSandbox = sawSandbox || c.Sandbox == sb.ID
 	}
 	if !sawOp || !sawSandbox {
 		t.Fatalf("pause: operation seen %v, sandbox seen %v", sawOp, sawSandbox)
 	}
-	if len(changes.Take()) != 0 {
+	if taken, _ := changes.Take(); len(taken) != 0 {
 		t.Fatal("Take did not forget what it returned")
 	}
 	stop()
@@ -67,7 +73,27 @@ func testWatchTellsOfEveryWrite(t *testing.T) {
 	}
 	wait(t, w, op.ID)
 	synctest.Wait()
-	if got := changes.Take(); len(got) != 0 {
+	if got, _ := changes.Take(); len(got) != 0 {
 		t.Fatalf("changes after the watch ended: %+v", got)
+	}
+}
+
+// A watcher that does not read keeps at most MaxPendingChanges, and then
+// learns that it lost some.
+func TestWatcherThatDoesNotReadIsBounded(t *testing.T) {
+	var h lifecycle.Hub
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	w := h.Watch(ctx)
+	for i := range lifecycle.MaxPendingChanges + 5 {
+		h.Publish(lifecycle.Change{Operation: fmt.Sprint("op", i)})
+	}
+	got, lost := w.Take()
+	if !lost || len(got) > lifecycle.MaxPendingChanges {
+		t.Fatalf("took %d, lost %v", len(got), lost)
+	}
+	h.Publish(lifecycle.Change{Operation: "again"})
+	if got, lost := w.Take(); lost || len(got) != 1 {
+		t.Fatalf("after: took %d, lost %v", len(got), lost)
 	}
 }

@@ -121,6 +121,7 @@ export function watch(params, onEvent, { signal, onReconnect = () => {} } = {}) 
             onUnauthenticated(new APIError(401, e.code, e.message));
             return;
           }
+          if (ev.event === 'resync') onReconnect(); // changes were dropped: read the lists again
           if (ev.event === 'sandbox' || ev.event === 'operation') onEvent(ev.event, JSON.parse(ev.data));
         }, { signal, apiToken: true });
       } catch (e) {
