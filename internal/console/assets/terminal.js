@@ -37,6 +37,7 @@ export class Console {
   status(s) { this.state = s; this.el.dataset.status = s; this.onStatus(s); }
 
   async open() {
+    this.el.replaceChildren();
     this.term.open(this.el);
     this.fit.fit();
     const { cols, rows } = this.term;
@@ -168,7 +169,8 @@ export class Console {
 }
 
 export function terminalPanel(sandboxID, signal) {
-  const box = h('div', { class: 'terminal', id: 'terminal', role: 'region', 'aria-label': 'Terminal' });
+  const box = h('div', { class: 'terminal', id: 'terminal', role: 'region', 'aria-label': 'Terminal' },
+    h('p', { class: 'hint' }, 'Open a terminal to run a login shell in the sandbox (a PTY session: it survives a suspend and wake).'));
   const status = h('span', { id: 'terminal-status', class: 'muted', 'aria-live': 'polite' }, 'not open');
   let con = null;
   const openBtn = h('button', { type: 'button', id: 'terminal-open', onclick: async () => {
