@@ -175,10 +175,12 @@ func forkChecks(t *testing.T, s *server, rt string) []string {
 type forkView struct{ file, host, random, addr string }
 
 // lookAtFork checks that the sandbox's counter runs and reads its file,
-// hostname, 16 random bytes and address.
+// hostname, 16 random bytes and address. The counter has 10 s to move:
+// five TCG guests (a source and four forks) on two cores take well over
+// half a second for one turn of its loop (a process start each).
 func lookAtFork(t *testing.T, s *server, id string) forkView {
 	t.Helper()
-	out, code := s.sh(id, `a=$(cat /tmp/counter); sleep 0.5; b=$(cat /tmp/counter); [ "$b" -gt "$a" ] && [ "$a" -gt 1 ] || echo "counter stuck: $a $b"
+	out, code := s.sh(id, `a=$(cat /tmp/counter); b=$a; i=0; while [ "$b" -le "$a" ] && [ $i -lt 40 ]; do sleep 0.25; b=$(cat /tmp/counter); i=$((i+1)); done; [ "$b" -gt "$a" ] && [ "$a" -gt 1 ] || echo "counter stuck: $a $b"
 cat /tmp/fork.txt; hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; echo; ip -4 -o addr show scope global | awk '{print $4}' | head -1`)
 	f := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	if code != 0 || len(f) < 4 {
