@@ -97,8 +97,9 @@ func TestConsole(t *testing.T) {
 	b.labelled("sandbox")
 
 	// Resizing the window resizes the terminal's PTY.
+	wide := b.eval(`document.getElementById('terminal').dataset.size`)
 	b.do("a narrower window", 10*time.Second, chromedp.EmulateViewport(1000, 800))
-	b.waitFor("the terminal resized", `(() => { const z = document.getElementById('terminal').dataset.size; return z && z !== '`+b.eval(`document.getElementById('terminal').dataset.size`)+`'; })()`, 10*time.Second)
+	b.waitFor("the terminal resized", `(() => { const z = document.getElementById('terminal').dataset.size; return z && z !== '`+wide+`'; })()`, 10*time.Second)
 	size := strings.Split(b.eval(`document.getElementById('terminal').dataset.size`), "x")
 	typeLine(`stty size`)
 	b.waitFor("stty's answer", `(document.getElementById('terminal').dataset.text || '').includes('`+size[1]+` `+size[0]+`\r\n')`, 20*time.Second)
@@ -198,6 +199,9 @@ func TestConsole(t *testing.T) {
 	b.do("pause with a revoked token", 10*time.Second, chromedp.Click(chromedp.CSS("#do-pause")))
 	b.waitFor("the login page", `(document.getElementById('login-error')?.textContent || '').includes('Logged out')`, 20*time.Second)
 	b.shot("revoked")
+	if nav := b.eval(`getComputedStyle(document.getElementById('nav')).display + ' ' + getComputedStyle(document.getElementById('who')).display`); nav != "none none" {
+		t.Fatalf("the logged-out page still shows the navigation and the user: %s", nav)
+	}
 	if sb, err := s.client().GetSandbox(context.Background(), sbx); err != nil || sb.State != "running" {
 		t.Fatalf("after a revoked token's pause: %+v %v", sb, err)
 	}
