@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/spacesandbox/space/internal/metrics"
+	"github.com/spacesandbox/space/internal/procfs"
 )
 
 // Density measures how many idle sandboxes one server holds and what they
@@ -151,8 +151,12 @@ feed:
 
 // memAvailable is this host's MemAvailable in bytes.
 func memAvailable() (int64, error) {
-	if v, ok := metrics.MemInfo()["MemAvailable"]; ok {
-		return v, nil
+	mem, err := procfs.MemInfo()
+	if err != nil {
+		return 0, err
+	}
+	if v, ok := mem["MemAvailable"]; ok {
+		return int64(v), nil
 	}
 	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
 }

@@ -1,13 +1,14 @@
 package metrics
 
 import (
-	"bufio"
 	"os"
 	goruntime "runtime"
 	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spacesandbox/space/internal/procfs"
 )
 
 // hostGauge reports the host's capacity and use at scrape time: CPUs,
@@ -41,7 +42,7 @@ func (g hostGauge) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
 	gauge(g.cpus, float64(goruntime.NumCPU()))
 	gauge(g.max, float64(g.maxSandboxes))
-	if mem := MemInfo(); mem != nil {
+	if mem, err := procfs.MemInfo(); err == nil {
 		gauge(g.memTotal, float64(mem["MemTotal"]))
 		gauge(g.memAvail, float64(mem["MemAvailable"]))
 	}
@@ -52,34 +53,4 @@ func (g hostGauge) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-}
-
-// MemInfo reads /proc/meminfo in bytes (nil where there is none).
-func MemInfo() map[string]int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	out := map[string]int64{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, rest, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseInt(fields[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		if len(fields) > 1 && fields[1] == "kB" {
-			v <<= 10
-		}
-		out[name] = v
-	}
-	return out
 }
