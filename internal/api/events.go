@@ -109,9 +109,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 				continue
 			}
 			var moved []lifecycle.Change
+			read := map[string]*sandbox.Operation{}
 			for id, was := range inFlight {
-				if op, err := s.engine.Operation(ctx, id); err != nil || op.State != was {
-					moved = append(moved, lifecycle.Change{Operation: id})
+				op, err := s.engine.Operation(ctx, id)
+				if err != nil {
+					delete(inFlight, id)
+				} else if op.State != was {
+					moved, read[id] = append(moved, lifecycle.Change{Operation: id}), op
 				}
 			}
 			if len(moved) == 0 {
@@ -120,7 +124,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 			if !stillValid() {
 				return nil
 			}
-			s.writeChanges(ctx, out, tok.Project, only, moved, inFlight)
+			s.writeChanges(ctx, out, tok.Project, only, moved, read, inFlight)
 		case <-changes.C():
 			select {
 			case <-ctx.Done():
@@ -134,7 +138,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 			if lost {
 				out.jsonEvent("", "resync", map[string]any{"message": "this stream fell behind and changes were dropped: read the lists again"})
 			}
-			s.writeChanges(ctx, out, tok.Project, only, taken, inFlight)
+			s.writeChanges(ctx, out, tok.Project, only, taken, nil, inFlight)
 		}
 		if err := flush(); err != nil {
 			return nil
@@ -144,14 +148,19 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ params) error 
 
 // writeChanges writes the current record of each change that belongs to
 // project (and to sandbox only, when set); records that vanished or are
-// not the client's are skipped. It keeps inFlight, the operations written
-// that have not ended, with the state they were shown in.
-func (s *Server) writeChanges(ctx context.Context, out *sseWriter, project, only string, cs []lifecycle.Change, inFlight map[string]sandbox.OpState) {
+// not the client's are skipped. Operations in read were read a moment ago
+// and are not read again. It keeps inFlight, the operations written that
+// have not ended, with the state they were shown in.
+func (s *Server) writeChanges(ctx context.Context, out *sseWriter, project, only string, cs []lifecycle.Change, read map[string]*sandbox.Operation, inFlight map[string]sandbox.OpState) {
 	seen := map[string]bool{}
 	for _, c := range cs {
 		if c.Operation != "" && !seen[c.Operation] {
 			seen[c.Operation] = true
-			op, err := s.engine.Operation(ctx, c.Operation)
+			op, ok := read[c.Operation]
+			var err error
+			if !ok {
+				op, err = s.engine.Operation(ctx, c.Operation)
+			}
 			if err != nil {
 				delete(inFlight, c.Operation)
 			}

@@ -86,8 +86,6 @@ func serveAsset(w http.ResponseWriter, r *http.Request, files http.Handler, root
 	}
 	// The page is small and changes with the binary: always revalidated.
 	h.Set("Cache-Control", "no-cache")
-	r2 := r.Clone(r.Context())
-	r2.URL.Path = "/" + name
 	if name == "index.html" {
 		// FileServer redirects /index.html to ./; serve the bytes instead.
 		b, _ := fs.ReadFile(root, name)
@@ -95,5 +93,7 @@ func serveAsset(w http.ResponseWriter, r *http.Request, files http.Handler, root
 		w.Write(b)
 		return
 	}
+	r2 := r.Clone(r.Context())
+	r2.URL.Path = "/" + name
 	files.ServeHTTP(w, r2)
 }

@@ -52,7 +52,7 @@ func (w *Changes) Take() (changes []Change, lost bool) {
 func (w *Changes) add(cs []Change) {
 	w.mu.Lock()
 	for _, c := range cs {
-		if len(w.set) >= MaxPendingChanges {
+		if _, named := w.set[c]; !named && len(w.set) >= MaxPendingChanges {
 			clear(w.set)
 			w.lost = true
 		}
