@@ -29,9 +29,17 @@ func consoleLogin(b *browserTab, base, token string) {
 	b.waitFor("logged in", `!document.getElementById('nav').hidden`, 15*time.Second)
 }
 
-// jsString quotes s for a JavaScript expression.
-func jsString(s string) string {
-	b, _ := json.Marshal(s)
+// waitPage waits until the console has shown page (its main element says
+// so once the page has read what it shows).
+func (b *browserTab) waitPage(page string, timeout time.Duration) {
+	b.t.Helper()
+	b.waitFor("the "+page+" page", `document.getElementById('main').dataset.ready === '`+page+`'`, timeout)
+}
+
+// jsonText is v as JSON text (a quoted string is also a JavaScript
+// string literal).
+func jsonText(v any) string {
+	b, _ := json.Marshal(v)
 	return string(b)
 }
 
@@ -62,14 +70,14 @@ func TestConsole(t *testing.T) {
 	b.labelled("login")
 	b.eval(`document.getElementById('token').value = ''`)
 	b.do("log in", 10*time.Second, chromedp.SendKeys(chromedp.CSS("#token"), s.token), chromedp.Click(chromedp.CSS("#login")))
-	b.waitFor("the overview", `document.getElementById('main').dataset.ready === 'overview'`, 15*time.Second)
-	if got := b.eval(`sessionStorage.getItem('space.token') === ` + jsString(s.token) + ` && !location.href.includes('space_') ? 'ok' : location.href`); got != "ok" {
+	b.waitPage("overview", 15*time.Second)
+	if got := b.eval(`sessionStorage.getItem('space.token') === ` + jsonText(s.token) + ` && !location.href.includes('space_') ? 'ok' : location.href`); got != "ok" {
 		t.Fatalf("token storage: %s", got)
 	}
 
 	// Create from the sandboxes page; it turns running with no reload.
 	b.do("sandboxes page", 10*time.Second, chromedp.Navigate(base+"/console/#/sandboxes"))
-	b.waitFor("the sandboxes page", `document.getElementById('main').dataset.ready === 'sandboxes'`, 15*time.Second)
+	b.waitPage("sandboxes", 15*time.Second)
 	b.eval(`window.__marker = 'same page'; ''`)
 	b.do("create", 10*time.Second, chromedp.Click(chromedp.CSS("#create")))
 	b.waitFor("a new row", `document.querySelector('#sandboxes-table tr[data-id]') !== null`, 20*time.Second)
@@ -83,7 +91,7 @@ func TestConsole(t *testing.T) {
 
 	// The sandbox page: a terminal runs python.
 	b.do("sandbox page", 10*time.Second, chromedp.Click(chromedp.CSS(`a[href="#/sandboxes/`+sbx+`"]`)))
-	b.waitFor("the sandbox page", `document.getElementById('main').dataset.ready === 'sandbox'`, 15*time.Second)
+	b.waitPage("sandbox", 15*time.Second)
 	b.do("open the terminal", 10*time.Second, chromedp.Click(chromedp.CSS("#terminal-open")))
 	b.waitFor("the terminal connected", `document.getElementById('terminal').dataset.status === 'connected'`, 30*time.Second)
 	b.waitFor("the prompt", `/# $/.test(document.getElementById('terminal').dataset.text || '')`, 30*time.Second)
@@ -155,7 +163,7 @@ func TestConsole(t *testing.T) {
 	// The other pages.
 	for _, p := range []struct{ hash, ready string }{{"#/operations", "operations"}, {"#/", "overview"}, {"#/templates", "templates"}} {
 		b.do("page "+p.ready, 10*time.Second, chromedp.Navigate(base+"/console/"+p.hash))
-		b.waitFor("page "+p.ready, `document.getElementById('main').dataset.ready === '`+p.ready+`'`, 20*time.Second)
+		b.waitPage(p.ready, 20*time.Second)
 		b.shot(p.ready)
 		b.labelled(p.ready)
 	}
@@ -171,7 +179,7 @@ func TestConsole(t *testing.T) {
 	b.shot("templates-pool")
 	setPool("0")
 	b.do("overview", 10*time.Second, chromedp.Navigate(base+"/console/#/"))
-	b.waitFor("the overview", `document.getElementById('main').dataset.ready === 'overview'`, 20*time.Second)
+	b.waitPage("overview", 20*time.Second)
 	if !strings.Contains(b.eval(`document.getElementById('latency').textContent`), "suspend") {
 		t.Fatal("the overview shows no suspend latency")
 	}
@@ -191,7 +199,7 @@ func TestConsole(t *testing.T) {
 	b.do("log out", 10*time.Second, chromedp.Click(chromedp.CSS("#logout")))
 	consoleLogin(b, base, made.Value)
 	b.do("sandbox page as member", 10*time.Second, chromedp.Navigate(base+"/console/#/sandboxes/"+sbx))
-	b.waitFor("the sandbox page", `document.getElementById('main').dataset.ready === 'sandbox'`, 15*time.Second)
+	b.waitPage("sandbox", 15*time.Second)
 	if r := s.do("DELETE", "/v1/tokens/"+made.Token.ID, s.token, nil); r.status != 200 && r.status != 204 {
 		t.Fatalf("revoke: %d %s", r.status, r.body)
 	}
@@ -212,7 +220,7 @@ func TestConsole(t *testing.T) {
 	// Delete, confirmed in the dialog.
 	consoleLogin(b, base, s.token)
 	b.do("sandbox page", 10*time.Second, chromedp.Navigate(base+"/console/#/sandboxes/"+sbx))
-	b.waitFor("the sandbox page", `document.getElementById('main').dataset.ready === 'sandbox'`, 15*time.Second)
+	b.waitPage("sandbox", 15*time.Second)
 	b.do("delete", 10*time.Second, chromedp.Click(chromedp.CSS("#do-delete")))
 	b.waitFor("the confirmation", `document.getElementById('confirm').open`, 5*time.Second)
 	b.shot("confirm-delete")
@@ -306,7 +314,7 @@ func TestConsoleThousandSandboxesFakeRuntime(t *testing.T) {
 		loads = append(loads, ms)
 	}
 	t.Logf("sandboxes page with %d sandboxes: ready in %v ms (navigation start to rows shown; 3 loads)", n, loads)
-	os.WriteFile(filepath.Join(b.shots, "load.json"), []byte(`{"sandboxes":1000,"ready_ms":`+mustJSON(loads)+"}\n"), 0o644)
+	os.WriteFile(filepath.Join(b.shots, "load.json"), []byte(`{"sandboxes":1000,"ready_ms":`+jsonText(loads)+"}\n"), 0o644)
 	b.shot("sandboxes-1000")
 	if rows, _ := strconv.Atoi(b.eval(`String(document.querySelectorAll('#sandboxes-table tr[data-id]').length)`)); rows > 120 {
 		t.Fatalf("%d rows in the DOM: the table is not virtualised", rows)
@@ -334,9 +342,4 @@ func TestConsoleThousandSandboxesFakeRuntime(t *testing.T) {
 	b.do("filter suspended", 10*time.Second, chromedp.SetValue(chromedp.CSS("#filter-state"), "suspended"), chromedp.Evaluate[chromedp.Void](`document.getElementById('filter-state').dispatchEvent(new Event('change'))`))
 	b.waitFor("the filtered list", `document.getElementById('sandbox-count').textContent.startsWith('3 sandboxes')`, 10*time.Second)
 	b.noConsoleErrors()
-}
-
-func mustJSON(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
 }
