@@ -399,14 +399,23 @@ func TestEventsStream(t *testing.T) {
 		}
 	}
 	h.eng.FinishElsewhere(op.ID)
-	for {
-		name, data := next(one)
+	ended := make(chan string, 1)
+	go func() {
+		for {
+			name, data := next(one)
+			if name == "eof" || (name == "operation" && strings.Contains(data, op.ID) && strings.Contains(data, `"state":"succeeded"`)) {
+				ended <- name
+				return
+			}
+		}
+	}()
+	select {
+	case name := <-ended:
 		if name == "eof" {
 			t.Fatal("stream ended before the operation's end")
 		}
-		if name == "operation" && strings.Contains(data, op.ID) && strings.Contains(data, `"state":"succeeded"`) {
-			break
-		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the operation's end, written behind the engine's back, never came")
 	}
 	// Revoking the token ends both streams with an error event.
 	tok, err := h.api.tokens.Verify(context.Background(), h.token)
