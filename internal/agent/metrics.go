@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spacesandbox/space/internal/agent/proto"
-	"github.com/spacesandbox/space/internal/procfs"
 )
 
 // The sandbox's use of CPU, memory and disk, read as envd reads them: from
@@ -58,6 +57,30 @@ func readCPU(stat []byte) (cpuTimes, int, error) {
 	return t, n, nil
 }
 
+// meminfo reads the fields of /proc/meminfo (in bytes) that metrics use.
+func meminfo(b []byte) map[string]uint64 {
+	m := map[string]uint64{}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		x, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		if len(f) > 1 && f[1] == "kB" {
+			x <<= 10
+		}
+		m[k] = x
+	}
+	return m
+}
+
 func (a *Agent) metrics() (proto.Metrics, error) {
 	stat, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -80,7 +103,7 @@ func (a *Agent) metrics() (proto.Metrics, error) {
 	if err != nil {
 		return proto.Metrics{}, proto.Errorf(proto.CodeInternal, "read /proc/meminfo: %v", err)
 	}
-	m := procfs.ParseMemInfo(mem)
+	m := meminfo(mem)
 	out.MemTotal, out.MemCache = m["MemTotal"], m["Cached"]+m["SReclaimable"]
 	if used := int64(m["MemTotal"]) - int64(m["MemFree"]) - int64(m["Buffers"]) - int64(out.MemCache); used > 0 {
 		out.MemUsed = uint64(used)

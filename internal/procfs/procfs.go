@@ -1,5 +1,11 @@
-// Package procfs reads the few /proc files both the host (metrics, the
-// bench) and the sandbox's agent need, one parser for each.
+// Package procfs reads the few /proc files the host needs (the metrics'
+// host gauges, the density bench), one parser for each.
+//
+// The agent keeps its own copy of the /proc/meminfo parser
+// (internal/agent/metrics.go) on purpose: its binary must stay
+// byte-identical to the previous release's until that release's suspended
+// sandboxes can no longer be upgraded in place (TestUpgradeFromPreviousRelease),
+// and importing this package would change it.
 package procfs
 
 import (
