@@ -10,6 +10,7 @@ import (
 	"github.com/spacesandbox/space/internal/bench"
 	"github.com/spacesandbox/space/internal/cli"
 	"github.com/spacesandbox/space/internal/runtime/gvisor"
+	"github.com/spacesandbox/space/internal/runtime/vm"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/server"
 	"github.com/spacesandbox/space/internal/templates"
@@ -38,6 +39,27 @@ func baseline(ctx context.Context, rt string, cfg cli.BaselineConfig, spec bench
 			}
 		}
 		b, err := gvisor.NewBare(runsc, cfg.Platform, dir, rootfs, res)
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+		return b, err
+	case vm.Name:
+		qemu, err := exec.LookPath(cfg.QEMU)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("QEMU not found: %w", err)
+		}
+		agent, err := agentBinary(cfg.AgentBin)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		accel := cfg.VMAccel
+		if accel == "auto" {
+			accel = ""
+		}
+		b, err := vm.NewBare(ctx, vm.Config{QEMU: qemu, Kernel: cfg.VMKernel, Modules: cfg.VMModules, AgentBin: agent, Accel: accel, Dir: dir},
+			spec.TemplateDigest, rootfs, res)
 		if err != nil {
 			os.RemoveAll(dir)
 		}

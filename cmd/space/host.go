@@ -94,7 +94,7 @@ func newVM(ctx context.Context, cfg *config.Serve, store *templates.Store, log *
 	if os.Geteuid() != 0 {
 		return nil, "", "the vm runtime needs root"
 	}
-	agent, err := agentBinary(cfg)
+	agent, err := agentBinary(cfg.AgentBin)
 	if err != nil {
 		return nil, "", err.Error()
 	}
@@ -121,7 +121,7 @@ func newGVisor(ctx context.Context, cfg *config.Serve, store *templates.Store, l
 		}
 		runsc = p
 	}
-	agent, err := agentBinary(cfg)
+	agent, err := agentBinary(cfg.AgentBin)
 	if err != nil {
 		return nil, err.Error()
 	}
@@ -162,9 +162,9 @@ func warnHostLimits(log *slog.Logger, maxSandboxes int) {
 
 // agentBinary finds the static space-agent: the flag, beside this binary,
 // or on PATH.
-func agentBinary(cfg *config.Serve) (string, error) {
-	if cfg.AgentBin != "" {
-		return cfg.AgentBin, nil
+func agentBinary(configured string) (string, error) {
+	if configured != "" {
+		return configured, nil
 	}
 	if exe, err := os.Executable(); err == nil {
 		cand := filepath.Join(filepath.Dir(exe), "space-agent")

@@ -36,6 +36,13 @@ type Bare interface {
 	Close() error
 }
 
+// BareNoter is a Bare whose rows measure something other than bareNotes
+// says (a VMM runs commands through the guest's agent, and boots cold):
+// Note returns what the row named key measured, or "" for the default.
+type BareNoter interface {
+	Note(key string) string
+}
+
 // BareSpec is what the bare sandbox must match: the SPACE sandbox's
 // template (by digest) and resources.
 type BareSpec struct {
@@ -174,8 +181,9 @@ func (b *bench) bareRows(ctx context.Context, bare Bare) (map[bareKey][]float64,
 	return rows, bare.Delete(ctx)
 }
 
-// withBaseline fills each row's bare column and ratio from the bare rows.
-func withBaseline(rep *Report, bare map[bareKey][]float64) {
+// withBaseline fills each row's bare column and ratio from the bare rows
+// that b measured.
+func withBaseline(rep *Report, bare map[bareKey][]float64, b Bare) {
 	for i := range rep.Rows {
 		r := &rep.Rows[i]
 		xs, ok := bare[bareKey(r.Key)]
@@ -188,6 +196,9 @@ func withBaseline(rep *Report, bare map[bareKey][]float64) {
 		r.Bare = pct(xs, .5)
 		r.BareRaw = xs
 		r.BareNote = bareNotes[bareKey(r.Key)]
+		if n, ok := b.(BareNoter); ok && n.Note(r.Key) != "" {
+			r.BareNote = n.Note(r.Key)
+		}
 		if r.Bare > 0 {
 			r.Ratio = r.P50 / r.Bare
 		}

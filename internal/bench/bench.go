@@ -415,7 +415,7 @@ func (b *bench) baseline(ctx context.Context, rep *Report, id string) error {
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
 	}
-	withBaseline(rep, rows)
+	withBaseline(rep, rows, bare)
 	rep.Baseline = true
 	return nil
 }

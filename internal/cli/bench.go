@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/spacesandbox/space/internal/bench"
+	"github.com/spacesandbox/space/internal/config"
 )
 
 // benchCmd measures a running server through its public API:
@@ -26,6 +27,21 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 	base := fs.Bool("baseline", false, "also measure the bare runtime doing each row's work on this host, and the ratio (needs the server's --data-dir; root)")
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "with --baseline: the server's data directory (env SPACE_DATA_DIR)")
 	runsc := fs.String("runsc", os.Getenv("SPACE_RUNSC"), "with --baseline: runsc binary (default: from PATH) (env SPACE_RUNSC)")
+	// The vm runtime's own flags of `space serve`, same defaults and
+	// environment: the bare VM must be the server's.
+	var bc BaselineConfig
+	for _, f := range []struct {
+		p                *string
+		name, def, usage string
+	}{
+		{&bc.QEMU, "qemu", config.DefaultQEMU, "QEMU binary"},
+		{&bc.VMKernel, "vm-kernel", config.DefaultVMKernel, "guest kernel"},
+		{&bc.VMModules, "vm-modules", config.DefaultVMModules, "the guest kernel's module tree"},
+		{&bc.VMAccel, "vm-accel", "auto", "vm acceleration: auto, kvm or tcg"},
+		{&bc.AgentBin, "agent-bin", "", "space-agent binary (default: beside space, else from PATH)"},
+	} {
+		fs.StringVar(f.p, f.name, envOr(config.EnvName(f.name), f.def), fmt.Sprintf("with --baseline on vm: %s, as the server's (env %s)", f.usage, config.EnvName(f.name)))
+	}
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -49,7 +65,7 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 		if o.Baseline == nil {
 			return fmt.Errorf("--baseline: this binary has no bare runtimes")
 		}
-		bc := BaselineConfig{DataDir: *dataDir, Runsc: *runsc}
+		bc.DataDir, bc.Runsc = *dataDir, *runsc
 		cfg.Baseline = func(ctx context.Context, rt string, spec bench.BareSpec) (bench.Bare, error) {
 			return o.Baseline(ctx, rt, bc, spec)
 		}

@@ -37,6 +37,9 @@ type BaselineConfig struct {
 	DataDir  string // the server's data directory (its templates)
 	Runsc    string // "" = from PATH
 	Platform string // runsc's platform ("" = systrap, as the server)
+	// The vm runtime's QEMU, guest kernel and modules, acceleration (auto,
+	// kvm, tcg) and agent ("" = beside space, else PATH).
+	QEMU, VMKernel, VMModules, VMAccel, AgentBin string
 }
 
 // exitError carries a process exit code.

@@ -137,6 +137,15 @@ const (
 	RoleNode    = "node"
 )
 
+// Where the vm runtime finds QEMU and its guest by default (`make deps`
+// installs them there); `space bench --baseline` starts its bare VM with
+// the same defaults.
+const (
+	DefaultQEMU      = "qemu-system-x86_64"
+	DefaultVMKernel  = "/usr/local/lib/space/guest/vmlinuz"
+	DefaultVMModules = "/usr/local/lib/space/guest/modules"
+)
+
 // Clustered says whether this process is one of several (control or node).
 func (s *Serve) Clustered() bool { return s.Role == RoleControl || s.Role == RoleNode }
 
@@ -187,9 +196,9 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.TLSKey, "tls-key", "", "TLS private key file")
 	str(&s.Runtime, "runtime", "auto", "sandbox runtime: auto, vm or gvisor")
 	str(&s.Runsc, "runsc", "", "runsc binary for the gvisor runtime (default: from PATH)")
-	str(&s.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary for the vm runtime")
-	str(&s.VMKernel, "vm-kernel", "/usr/local/lib/space/guest/vmlinuz", "guest kernel of the vm runtime (make deps unpacks Debian's cloud kernel there)")
-	str(&s.VMModules, "vm-modules", "/usr/local/lib/space/guest/modules", "the guest kernel's module tree")
+	str(&s.QEMU, "qemu", DefaultQEMU, "QEMU binary for the vm runtime")
+	str(&s.VMKernel, "vm-kernel", DefaultVMKernel, "guest kernel of the vm runtime (make deps unpacks Debian's cloud kernel there)")
+	str(&s.VMModules, "vm-modules", DefaultVMModules, "the guest kernel's module tree")
 	str(&s.VMAccel, "vm-accel", "auto", "vm acceleration: auto (kvm where a probe guest boots, else tcg), kvm or tcg")
 	str(&s.AgentBin, "agent-bin", "", "static space-agent binary (default: beside the space binary, else from PATH)")
 	fs.BoolVar(&s.AllowPlainHTTP, "allow-plain-http", os.Getenv(EnvName("allow-plain-http")) == "true", "serve plain HTTP beyond loopback: only behind a TLS-terminating proxy or on a network that encrypts (tokens cross it in clear) (env "+EnvName("allow-plain-http")+")")

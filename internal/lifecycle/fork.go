@@ -130,14 +130,37 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 		op.From = e.sourceAfterFailure(bk, rt, srcSb, op.From)
 		e.finishFork(log, op, start, sandbox.OpFailed, opErr, others)
 	}
-	t0 := time.Now()
-	snap, err := e.saveSource(ctx, rt, srcSb, dir)
-	if err != nil {
-		log.Error("fork: save the source", "err", err)
-		failAll(err)
+	snap, ok := rt.(runtime.Snapshotter)
+	if !ok {
+		failAll(errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot copy live sandboxes", rt.Name()))
 		return
 	}
-	saved := time.Since(t0)
+	// The copies start as soon as the save is complete, while the runtime
+	// brings the source back (gVisor restores it in place: as long as a
+	// copy's start).
+	t0 := time.Now()
+	var saved time.Duration
+	savedCh, sourceDone := make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	go func() {
+		_, err := e.saveSource(ctx, rt, srcSb, dir, func() {
+			once.Do(func() { saved = time.Since(t0); close(savedCh) })
+		})
+		sourceDone <- err
+	}()
+	var sourceErr error
+	select {
+	case <-savedCh:
+	case sourceErr = <-sourceDone:
+		if sourceErr == nil {
+			once.Do(func() { saved = time.Since(t0); close(savedCh) })
+		}
+	}
+	if sourceErr != nil {
+		log.Error("fork: save the source", "err", sourceErr)
+		failAll(sourceErr)
+		return
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(op.Sandboxes))
 	for i, id := range op.Sandboxes {
@@ -162,10 +185,13 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 		}()
 	}
 	wg.Wait()
+	if sourceErr = <-sourceDone; sourceErr != nil {
+		sourceErr = fmt.Errorf("bring the source back after saving it: %w", sourceErr)
+	}
 	if e.life.Err() != nil {
 		return // resumed at the next start
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(append(errs, sourceErr)...); err != nil {
 		log.Error("fork: start the copies", "err", err)
 		failAll(err)
 		return
@@ -190,13 +216,14 @@ func (e *Engine) forkSpec(ctx context.Context, id string) runtime.Spec {
 // runtime's Snapshotter (which it returns) and gives a running source its
 // identity again: a runtime may save it by restoring it in place (gVisor),
 // so its address, clock and entropy are set anew.
-func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, dir string) (runtime.Snapshotter, error) {
+func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, dir string, saved func()) (runtime.Snapshotter, error) {
 	snap, ok := rt.(runtime.Snapshotter)
 	if !ok {
 		return nil, errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot copy live sandboxes", rt.Name())
 	}
 	spec := e.spec(src)
 	spec.Renetwork = e.renetwork(rt, src)
+	spec.Saved = saved
 	if src.State == sandbox.Running {
 		e.flush(ctx, rt, spec)
 	}

@@ -29,6 +29,11 @@ type Spec struct {
 	// network for a start again (as before Restore); a runtime that saves a
 	// sandbox by restarting it in place calls it before the restart.
 	Renetwork func(ctx context.Context) error
+	// Saved, when set for Snapshot, is called once as soon as dir holds the
+	// complete save — possibly before the sandbox runs again — so copies
+	// can start from it while the source is brought back. A Snapshot that
+	// fails after calling it may leave dir behind: the caller removes it.
+	Saved func()
 }
 
 // NetKind is how a runtime plugs a sandbox into its network.
@@ -158,6 +163,13 @@ type Templates interface {
 	RootfsPath(digest string) (string, error)
 	Config(digest string) (env map[string]string, workdir string)
 }
+
+// FixedTemplate is Templates holding one template root, whatever the
+// digest asked for, with no configuration: what a bare baseline runs.
+type FixedTemplate string
+
+func (f FixedTemplate) RootfsPath(string) (string, error)       { return string(f), nil }
+func (FixedTemplate) Config(string) (map[string]string, string) { return nil, "" }
 
 // Exit is a sandbox's processes ending on their own — not by a lifecycle
 // call of the engine.

@@ -373,7 +373,13 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 			return fmt.Errorf("copy root: %v: %s", err, out)
 		}
 	}
-	return os.Rename(tmp, dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	if spec.Saved != nil {
+		spec.Saved()
+	}
+	return nil
 }
 
 // CreateFrom creates a sandbox whose root starts as the snapshot's.

@@ -27,12 +27,6 @@ type Bare struct {
 	rootfs string
 }
 
-// fixedTemplate is the one template root a Bare runs.
-type fixedTemplate string
-
-func (f fixedTemplate) RootfsPath(string) (string, error)       { return string(f), nil }
-func (fixedTemplate) Config(string) (map[string]string, string) { return nil, "" }
-
 // NewBare readies a bare sandbox of the template root rootfs with the given
 // resources; its bundle, runsc state and checkpoints live under dir, which
 // Close removes.
@@ -40,7 +34,7 @@ func NewBare(runsc, platform, dir, rootfs string, res sandbox.Resources) (*Bare,
 	if platform == "" {
 		platform = "systrap"
 	}
-	r := &Runtime{cfg: Config{Runsc: runsc, Dir: dir, SocketDir: filepath.Join(dir, "s"), Templates: fixedTemplate(rootfs), Platform: platform}, direct: directIO(dir)}
+	r := &Runtime{cfg: Config{Runsc: runsc, Dir: dir, SocketDir: filepath.Join(dir, "s"), Templates: runtime.FixedTemplate(rootfs), Platform: platform}, direct: directIO(dir)}
 	for _, d := range []string{filepath.Join(dir, "runsc"), r.cfg.SocketDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("bare gvisor: %w", err)

@@ -3,9 +3,7 @@
 package gvisor_test
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,36 +73,5 @@ func TestBare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	run := func(argv ...string) string {
-		t.Helper()
-		var out bytes.Buffer
-		if err := b.Exec(ctx, &out, argv...); err != nil {
-			t.Fatal(err)
-		}
-		return out.String()
-	}
-	if err := b.Create(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := run("sh", "-c", "echo hi > /tmp/f; cat /tmp/f"); got != "hi\n" {
-		t.Fatalf("exec = %q", got)
-	}
-	for _, step := range []func(context.Context) error{b.Pause, b.Resume, b.Suspend, b.Wake, b.Fork} {
-		if err := step(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := run("cat", "/tmp/f"); got != "hi\n" {
-		t.Fatalf("after suspend, wake and fork: %q", got)
-	}
-	if err := b.Exec(ctx, io.Discard, "false"); err == nil {
-		t.Fatal("a failing command is no error")
-	}
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("bare directory left: %v", err)
-	}
+	runtimetest.RunBare(t, context.Background(), b, dir)
 }

@@ -27,7 +27,9 @@ var _ runtime.Snapshotter = (*Runtime)(nil)
 // `checkpoint --leave-running` can no longer connect to host sockets, so
 // its agent could never dial the host again. The image holds memory, kernel
 // state and the overlay's files, and the agent's key (host-only), so a copy
-// can prove itself to its own endpoint.
+// can prove itself to its own endpoint. With spec.Saved the image is
+// published in dir as soon as it is complete, before the restore in place,
+// so the caller's copies restore beside the source.
 func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) error {
 	id := spec.SandboxID
 	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
@@ -93,6 +95,20 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if err := syncDir(tmp); err != nil {
 		return fmt.Errorf("sync snapshot: %w", err)
 	}
+	// The image is complete: a caller that asked is told now, so copies
+	// restore from it while the source is restored in place beside them
+	// (restores only read an image, through links of their own).
+	image := tmp
+	if spec.Saved != nil {
+		if err := os.Rename(tmp, dir); err != nil {
+			return err
+		}
+		if err := syncDir(filepath.Dir(dir)); err != nil {
+			return err
+		}
+		image = dir
+		spec.Saved()
+	}
 	err = nil
 	if spec.Renetwork != nil {
 		// runsc took the interface's address over when the sandbox started;
@@ -100,18 +116,26 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		err = spec.Renetwork(ctx)
 	}
 	if err == nil {
-		err = r.restoreInPlace(ctx, spec, tmp)
+		err = r.restoreInPlace(ctx, spec, image)
 	}
 	if err != nil {
 		// The save is the sandbox now: keep it as its suspend snapshot, so
-		// the sandbox is suspended (and wakes from it), never lost.
+		// the sandbox is suspended (and wakes from it), never lost. A
+		// published image stays where it is for the copies: linked.
 		gen := fmt.Sprintf("gen-%d", time.Now().UnixNano())
-		if os.MkdirAll(spec.SnapshotDir, 0o700) == nil && os.Rename(tmp, filepath.Join(spec.SnapshotDir, gen)) == nil {
+		keep := func(to string) error { return os.Rename(image, to) }
+		if image == dir {
+			keep = func(to string) error { return linkImage(image, to) }
+		}
+		if os.MkdirAll(spec.SnapshotDir, 0o700) == nil && keep(filepath.Join(spec.SnapshotDir, gen)) == nil {
 			markCurrent(spec.SnapshotDir, gen)
 		}
 		return fmt.Errorf("restore %s after saving it (it is suspended now): %w", id, err)
 	}
 	repause()
+	if image == dir {
+		return nil
+	}
 	if err := os.Rename(tmp, dir); err != nil {
 		return err
 	}

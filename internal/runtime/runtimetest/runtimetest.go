@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spacesandbox/space/internal/bench"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -311,11 +312,34 @@ func testSnapshot(t *testing.T, h Harness) {
 
 	must(t, "pause", h.Runtime.Pause(ctx, src))
 	paused := filepath.Join(t.TempDir(), "paused")
-	must(t, "snapshot paused", snap.Snapshot(ctx, src, paused))
+	// Asked with Saved, the save is complete in dir when Saved is called,
+	// and a copy may start from it while the source is brought back (as a
+	// fork does).
+	var early runtime.Spec
+	started := make(chan error, 1)
+	told := src
+	told.Saved = func() {
+		if _, err := os.Stat(paused); err != nil {
+			t.Errorf("Saved was called before the save was in its directory: %v", err)
+		}
+		if early.SandboxID != "" {
+			t.Error("Saved was called twice")
+			return
+		}
+		early = newSpec(t, h)
+		early.Resources = src.Resources
+		cleanup(t, h, early)
+		go func() { started <- snap.CreateFrom(ctx, early, paused) }()
+	}
+	must(t, "snapshot paused", snap.Snapshot(ctx, told, paused))
+	if early.SandboxID == "" {
+		t.Fatal("Snapshot did not call Saved")
+	}
+	must(t, "create from the save while the source came back", <-started)
 	expect(t, h, src, runtime.StatusPaused)
 	must(t, "resume", h.Runtime.Resume(ctx, src))
 
-	var copies []runtime.Spec
+	copies := []runtime.Spec{early}
 	for _, dir := range []string{running, running, paused} {
 		c := newSpec(t, h)
 		c.Resources = src.Resources
@@ -326,16 +350,17 @@ func testSnapshot(t *testing.T, h Harness) {
 		copies = append(copies, c)
 	}
 	os.RemoveAll(running) // the copies no longer need it
-	read(copies[0], "saved")
+	read(copies[0], "after the save")
 	read(copies[1], "saved")
-	read(copies[2], "after the save")
-	write(copies[0], "copy 0")
-	read(copies[1], "saved")
+	read(copies[2], "saved")
+	read(copies[3], "after the save")
+	write(copies[1], "copy 1")
+	read(copies[2], "saved")
 	read(src, "after the save")
 	// A copy lives its own life: suspend, restore, delete.
-	must(t, "suspend a copy", h.Runtime.Suspend(ctx, copies[0]))
-	must(t, "restore a copy", h.Runtime.Restore(ctx, copies[0]))
-	read(copies[0], "copy 0")
+	must(t, "suspend a copy", h.Runtime.Suspend(ctx, copies[1]))
+	must(t, "restore a copy", h.Runtime.Restore(ctx, copies[1]))
+	read(copies[1], "copy 1")
 	for _, c := range copies {
 		must(t, "delete a copy", h.Runtime.Delete(ctx, c))
 		expect(t, h, c, runtime.StatusAbsent)
@@ -375,4 +400,40 @@ func BuildAgent(t *testing.T) string {
 		t.Fatalf("build agent: %v\n%s", err, b)
 	}
 	return out
+}
+
+// RunBare drives a bare sandbox through every row's work: create, a
+// command (stdout only: stderr is not its output), pause, resume, suspend,
+// wake and fork keep its files, a failing command is an error, and Close
+// removes dir.
+func RunBare(t *testing.T, ctx context.Context, b bench.Bare, dir string) {
+	t.Helper()
+	run := func(argv ...string) string {
+		t.Helper()
+		var out strings.Builder
+		if err := b.Exec(ctx, &out, argv...); err != nil {
+			t.Fatal(err)
+		}
+		return out.String()
+	}
+	must(t, "create", b.Create(ctx))
+	if got := run("sh", "-c", "echo hi > /tmp/f; cat /tmp/f; echo to-stderr >&2"); got != "hi\n" {
+		t.Fatalf("exec = %q", got)
+	}
+	for _, step := range []struct {
+		name string
+		do   func(context.Context) error
+	}{{"pause", b.Pause}, {"resume", b.Resume}, {"suspend", b.Suspend}, {"wake", b.Wake}, {"fork", b.Fork}} {
+		must(t, step.name, step.do(ctx))
+	}
+	if got := run("cat", "/tmp/f"); got != "hi\n" {
+		t.Fatalf("after suspend, wake and fork: %q", got)
+	}
+	if err := b.Exec(ctx, io.Discard, "false"); err == nil {
+		t.Fatal("a failing command is no error")
+	}
+	must(t, "close", b.Close())
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("bare directory left: %v", err)
+	}
 }

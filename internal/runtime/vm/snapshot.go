@@ -192,6 +192,17 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	}
 	t0 := time.Now()
 	err = r.copyStopped(ctx, q, id, tmp)
+	published := false
+	if err == nil && spec.Saved != nil {
+		// Complete: a caller that asked starts copies from it while this
+		// VM runs on.
+		if err = os.Rename(tmp, dir); err == nil {
+			if err = fsync(filepath.Dir(dir)); err == nil {
+				published = true
+				spec.Saved()
+			}
+		}
+	}
 	// The VM goes on as it was, in its QEMU.
 	bk := context.WithoutCancel(ctx)
 	if err != nil {
@@ -217,6 +228,9 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 		return cerr
 	}
 	r.log.Debug("vm: snapshot", "sandbox_id", id, "held", time.Since(t0))
+	if published {
+		return nil
+	}
 	if err := os.Rename(tmp, dir); err != nil {
 		return err
 	}

@@ -119,3 +119,29 @@ func TestPruneDerivedImages(t *testing.T) {
 		}
 	}
 }
+
+// The bare VM `space bench --baseline` measures SPACE against runs every
+// row's work on real QEMU: a cold boot, commands through the guest's agent,
+// pause, resume, a save and restore that keep the guest's files, a fork,
+// and Close leaves nothing behind.
+func TestBare(t *testing.T) {
+	qemu := requireVM(t)
+	agent := runtimetest.BuildAgent(t)
+	store, tpl := runtimetest.TestTemplate(t)
+	rootfs, err := store.RootfsPath(tpl.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "bare")
+	b, err := vm.NewBare(ctx, vm.Config{QEMU: qemu, Kernel: filepath.Join(guestDir, "vmlinuz"),
+		Modules: filepath.Join(guestDir, "modules"), AgentBin: agent, Dir: dir}, tpl.Digest, rootfs,
+		sandbox.Resources{VCPUs: 1, MemoryMiB: 256, DiskMiB: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.RunBare(t, ctx, b, dir)
+	runtimetest.AssertNothingLeft(t, "bare-vm", "space-vm")
+	runtimetest.AssertNothingLeft(t, "bare-vm-fork", "space-vm")
+}
