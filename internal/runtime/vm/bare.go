@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
 )
@@ -80,29 +81,53 @@ func (b *Bare) exec(ctx context.Context, spec runtime.Spec, w io.Writer, argv ..
 	if _, err := c.StartProcessFor(ctx, proto.StartRequest{ID: id, Subscriber: sub}); err != nil {
 		return fmt.Errorf("exec %v: %w", argv, err)
 	}
-	var after uint64
-	for {
-		out, err := c.ReadOutput(ctx, id, after, 1<<20, 10*time.Second, sub)
-		if err != nil {
-			return fmt.Errorf("exec %v: %w", argv, err)
+	// The next batch is asked for while this one is written, as SPACE's
+	// own reader does: the floor, not a slower path.
+	type batch struct {
+		out agentclient.Output
+		err error
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches := make(chan batch, 1)
+	go func() {
+		var after uint64
+		for {
+			out, err := c.ReadOutput(rctx, id, after, 1<<20, 10*time.Second, sub)
+			select {
+			case batches <- batch{out, err}:
+			case <-rctx.Done():
+				return
+			}
+			if err != nil || out.Exited != nil {
+				return
+			}
+			if n := len(out.Chunks); n > 0 {
+				after = out.Chunks[n-1].Seq
+			}
 		}
-		data := out.Data
-		for _, ch := range out.Chunks {
+	}()
+	for b := range batches {
+		if b.err != nil {
+			return fmt.Errorf("exec %v: %w", argv, b.err)
+		}
+		data := b.out.Data
+		for _, ch := range b.out.Chunks {
 			if ch.Stream == "stdout" {
 				if _, err := w.Write(data[:ch.Len]); err != nil {
 					return err
 				}
 			}
 			data = data[ch.Len:]
-			after = ch.Seq
 		}
-		if p := out.Exited; p != nil {
+		if p := b.out.Exited; p != nil {
 			if p.ExitCode == nil || *p.ExitCode != 0 {
 				return fmt.Errorf("exec %v: exit code %v, signal %q", argv, p.ExitCode, p.Signal)
 			}
 			return nil
 		}
 	}
+	return ctx.Err()
 }
 
 // Note says what the bench's rows measured on a bare VM, where that is
