@@ -3,6 +3,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -227,6 +228,59 @@ func (r *Runtime) isSandboxProcess(pid int, id string) bool {
 	return err == nil && strings.Contains(string(b), "runsc-sandbox") && strings.Contains(string(b), id)
 }
 
+// processExiting reports whether process pid is ending: killed and
+// tearing down (the kernel's PF_EXITING), or a zombie.
+func processExiting(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	// After the command's name: state, ppid, pgrp, session, tty_nr,
+	// tpgid, flags.
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 7 {
+		return false
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return true
+	}
+	const pfExiting = 0x4
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfExiting != 0
+}
+
+// waitGone waits up to d for process pid to be gone (reaped, or a
+// zombie: it holds nothing any more); false if it is still there.
+func waitGone(ctx context.Context, pid int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return true
+		}
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 {
+			if f := strings.Fields(string(b[i+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+				return true
+			}
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // kill ends the sandbox's process at once (SIGKILL), if the pid file names
 // it; false when there is none to kill.
 func (r *Runtime) kill(id string) bool {
@@ -302,24 +356,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 		}
 	}
 	if st == nil || st.Status == "stopped" {
-		if !snapshotComplete(dir) {
-			// The server died after the checkpoint was written but before
-			// it was marked current: it is the sandbox's state now.
-			if gen := newestCheckpoint(dir); gen != "" {
-				r.log.Warn("gvisor: adopting a checkpoint a killed server left unmarked", "sandbox_id", id, "generation", gen)
-				if err := markCurrent(dir, gen); err != nil {
-					return err
-				}
-			}
-		}
-		if snapshotComplete(dir) {
-			if st != nil {
-				r.runsc(ctx, spec, "delete", "--force", id)
-			}
-			r.closeEndpoint(id)
-			return nil // already suspended
-		}
-		return fmt.Errorf("suspend %s: %w", id, runtime.ErrNotFound)
+		return r.savedAlready(ctx, spec, st != nil)
 	}
 	wasPaused := st.Status == "paused"
 	if wasPaused {
@@ -355,6 +392,15 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 		r.watch(ctx, spec, false)
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to save the sandbox; it runs on as before")
+		}
+		if pid := r.pidOf(id); processExiting(pid) {
+			// Its process is going away: a killed server's suspend saved
+			// it and killed it before marking the save current. Once the
+			// process is gone, look again: that save is adopted.
+			if waitGone(ctx, pid, 10*time.Second) {
+				return r.savedAlready(ctx, spec, true)
+			}
+			return err
 		}
 		if quick {
 			// It was taken for running without asking: ask, and try again.
@@ -409,6 +455,32 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 		}
 	}
 	return nil
+}
+
+// savedAlready finishes a suspend whose sandbox no longer runs: a save is
+// its state (one a killed server wrote but did not mark current is
+// adopted), and what is left of its container (exists) goes; without a
+// save the sandbox is not found.
+func (r *Runtime) savedAlready(ctx context.Context, spec runtime.Spec, exists bool) error {
+	id, dir := spec.SandboxID, spec.SnapshotDir
+	if !snapshotComplete(dir) {
+		// The server died after the checkpoint was written but before it
+		// was marked current: it is the sandbox's state now.
+		if gen := newestCheckpoint(dir); gen != "" {
+			r.log.Warn("gvisor: adopting a checkpoint a killed server left unmarked", "sandbox_id", id, "generation", gen)
+			if err := markCurrent(dir, gen); err != nil {
+				return err
+			}
+		}
+	}
+	if snapshotComplete(dir) {
+		if exists {
+			r.runsc(ctx, spec, "delete", "--force", id)
+		}
+		r.closeEndpoint(id)
+		return nil // already suspended
+	}
+	return fmt.Errorf("suspend %s: %w", id, runtime.ErrNotFound)
 }
 
 // checkpoint is runsc checkpoint with SPACE's flags: where the data

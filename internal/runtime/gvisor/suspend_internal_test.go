@@ -1,0 +1,104 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/runtime/runtimetest"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// A server killed in the middle of a suspend — after its checkpoint was
+// written and the sandbox's process killed, before the save was marked
+// current — leaves a sandbox whose process may still be going away when
+// the next server resumes the suspend. That suspend adopts the save (it
+// used to try a checkpoint of the dying process, fail, and lose the
+// sandbox), and the sandbox wakes from it with its files.
+func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
+	fail := runtimetest.Need(t, "SPACE_REQUIRE_GVISOR")
+	if os.Geteuid() != 0 {
+		fail("the gvisor runtime needs root")
+	}
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		fail("runsc not installed (scripts/install-deps installs it)")
+	}
+	agent := runtimetest.BuildAgent(t)
+	store, tpl := runtimetest.TestTemplate(t)
+	dir := t.TempDir()
+	t.Cleanup(func() { syscall.Unmount(filepath.Join(dir, "runsc", "null-netns"), syscall.MNT_DETACH) })
+	open := func() *Runtime {
+		r, err := New(Config{Runsc: runsc, Dir: dir, AgentBin: agent, Templates: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec := runtime.Spec{SandboxID: ids.New(ids.Sandbox), Template: sandbox.TemplateRef{Ref: "test:latest", Digest: tpl.Digest},
+		Resources: sandbox.Resources{VCPUs: 1, MemoryMiB: 256, DiskMiB: 256}, SnapshotDir: filepath.Join(t.TempDir(), "snapshot")}
+	t.Cleanup(func() { open().Delete(context.Background(), spec) })
+	if err := r.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.Agent(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile(ctx, "/root/kept.txt", 0o600, strings.NewReader("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// The killed server's suspend, up to the kill of the sandbox.
+	id := spec.SandboxID
+	gdir := filepath.Join(spec.SnapshotDir, "gen-1")
+	if err := os.MkdirAll(gdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r.exits.Stop(id)
+	r.closeEndpoint(id)
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
+		t.Fatal(err)
+	}
+	if !r.kill(id) {
+		t.Fatal("no sandbox process to kill")
+	}
+	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.keepAgentRecord(id, gdir); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+
+	// The next server resumes the suspend at once.
+	r = open()
+	if err := r.Suspend(ctx, spec); err != nil {
+		t.Fatalf("the resumed suspend: %v", err)
+	}
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusSuspended {
+		t.Fatalf("after the resumed suspend: %v %v", st, err)
+	}
+	if err := r.Restore(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	c, err = r.Agent(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := c.ReadFile(ctx, "/root/kept.txt", 0, 100); err != nil || string(b) != "kept" {
+		t.Fatalf("after the wake: %q %v", b, err)
+	}
+}
