@@ -4,8 +4,6 @@ package gvisor_test
 
 import (
 	"context"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -20,14 +18,7 @@ import (
 // (CI), where a missing runsc or root is a failure, never a silent skip.
 func requireGVisor(t *testing.T) string {
 	t.Helper()
-	fail := runtimetest.Need(t, "SPACE_REQUIRE_GVISOR")
-	if os.Geteuid() != 0 {
-		fail("the gvisor runtime needs root")
-	}
-	runsc, err := exec.LookPath("runsc")
-	if err != nil {
-		fail("runsc not installed (scripts/install-deps installs it)")
-	}
+	runsc, fail := runtimetest.RequireRunsc(t)
 	if err := gvisor.Probe(context.Background(), runsc); err != nil {
 		fail("runsc cannot start a sandbox here: %v", err)
 	}

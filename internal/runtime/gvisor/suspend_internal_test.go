@@ -5,7 +5,6 @@ package gvisor
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -25,14 +24,7 @@ import (
 // used to try a checkpoint of the dying process, fail, and lose the
 // sandbox), and the sandbox wakes from it with its files.
 func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
-	fail := runtimetest.Need(t, "SPACE_REQUIRE_GVISOR")
-	if os.Geteuid() != 0 {
-		fail("the gvisor runtime needs root")
-	}
-	runsc, err := exec.LookPath("runsc")
-	if err != nil {
-		fail("runsc not installed (scripts/install-deps installs it)")
-	}
+	runsc, _ := runtimetest.RequireRunsc(t)
 	agent := runtimetest.BuildAgent(t)
 	store, tpl := runtimetest.TestTemplate(t)
 	dir := t.TempDir()

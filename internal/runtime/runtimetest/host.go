@@ -2,6 +2,7 @@ package runtimetest
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +17,21 @@ func Need(t *testing.T, env string) func(format string, args ...any) {
 		return t.Fatalf
 	}
 	return t.Skipf
+}
+
+// RequireRunsc returns runsc's path, or skips (fails with
+// SPACE_REQUIRE_GVISOR=1) where there is no runsc or no root.
+func RequireRunsc(t *testing.T) (runsc string, fail func(format string, args ...any)) {
+	t.Helper()
+	fail = Need(t, "SPACE_REQUIRE_GVISOR")
+	if os.Geteuid() != 0 {
+		fail("the gvisor runtime needs root")
+	}
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		fail("runsc not installed (scripts/install-deps installs it)")
+	}
+	return runsc, fail
 }
 
 // AssertNothingLeft proves nothing of sandbox id is left on the host: no
