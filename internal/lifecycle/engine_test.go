@@ -411,3 +411,33 @@ func testNotReadyWithoutRuntime(t *testing.T) {
 		t.Fatalf("create without runtime = %v", err)
 	}
 }
+
+// A pause is recorded running only once it has taken longer than a quick
+// one does (its running record would cost a transaction of its own): one
+// that ends within that time goes from pending to succeeded; a slow one is
+// seen running while it works.
+func TestPauseRecordedRunningOnlyWhenSlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, c := range []struct {
+			delay time.Duration
+			want  sandbox.OpState
+		}{{20 * time.Millisecond, sandbox.OpPending}, {time.Second, sandbox.OpRunning}} {
+			w := newWorld(t, t.TempDir(), fakeruntime.Config{Delay: c.delay})
+			ctx := context.Background()
+			sb := create(t, w)
+			op, err := w.eng.Pause(ctx, sb.ID, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(c.delay / 2)
+			synctest.Wait()
+			if got, _ := w.eng.Operation(ctx, op.ID); got.State != c.want {
+				t.Fatalf("a pause taking %v, half-way: %s, want %s", c.delay, got.State, c.want)
+			}
+			if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+				t.Fatalf("pause taking %v = %+v", c.delay, got)
+			}
+			w.close()
+		}
+	})
+}

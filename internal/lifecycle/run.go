@@ -13,6 +13,9 @@ import (
 	"github.com/spacesandbox/space/internal/store"
 )
 
+// quickOp is how long a pause or resume runs before it is recorded running.
+const quickOp = 50 * time.Millisecond
+
 // submit runs op in the background unless this process already runs it.
 func (e *Engine) submit(op sandbox.Operation) {
 	e.mu.Lock()
@@ -88,19 +91,28 @@ func (e *Engine) execute(op sandbox.Operation) {
 		e.finish(log, op, start, sandbox.OpFailed, gone, op.From, nil)
 		return
 	}
-	// The operation is recorded running. A pause or a resume is quick and
-	// changes nothing on disk: its record is written while the runtime
-	// works, and waited for before the outcome is.
+	// The operation is recorded running. A pause or a resume changes
+	// nothing on disk and usually ends within milliseconds: it is recorded
+	// running only once it has taken longer than quickOp (beside the
+	// runtime's work, waited for before the outcome), so a quick one costs
+	// one transaction — its outcome's — instead of two.
 	var marked chan error
+	var acted chan struct{}
 	if op.State == sandbox.OpPending {
-		marked = make(chan error, 1)
-		go func() { marked <- e.store.UpdateOperationState(bk, op.ID, sandbox.OpRunning, e.now()) }()
-		if !(op.Kind == sandbox.OpPause || (op.Kind == sandbox.OpWake && op.From == sandbox.Paused)) {
-			if err := <-marked; err != nil {
-				log.Error("mark operation running", "err", err)
-				return
-			}
-			marked = nil
+		mark := func() error { return e.store.UpdateOperationState(bk, op.ID, sandbox.OpRunning, e.now()) }
+		if op.Kind == sandbox.OpPause || (op.Kind == sandbox.OpWake && op.From == sandbox.Paused) {
+			marked, acted = make(chan error, 1), make(chan struct{})
+			go func() {
+				select {
+				case <-acted:
+					marked <- nil
+				case <-time.After(quickOp):
+					marked <- mark()
+				}
+			}()
+		} else if err := mark(); err != nil {
+			log.Error("mark operation running", "err", err)
+			return
 		}
 	}
 	switch op.Kind {
@@ -143,6 +155,7 @@ func (e *Engine) execute(op sandbox.Operation) {
 		}
 	}
 	if marked != nil {
+		close(acted)
 		if err := <-marked; err != nil {
 			log.Error("mark operation running", "err", err)
 			return
