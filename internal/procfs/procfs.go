@@ -1,5 +1,6 @@
 // Package procfs reads the few /proc files the host needs (the metrics'
-// host gauges, the density bench), one parser for each.
+// host gauges, the density bench, the runtimes' look at a process's
+// life), one parser for each.
 //
 // The agent keeps its own copy of the /proc/meminfo parser
 // (internal/agent/metrics.go) on purpose: its binary must stay
@@ -9,6 +10,7 @@
 package procfs
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -46,4 +48,41 @@ func MemInfo() (map[string]uint64, error) {
 		return nil, err
 	}
 	return ParseMemInfo(b), nil
+}
+
+// Process is what /proc/<pid>/stat says of a process's life.
+type Process struct {
+	State byte   // R, S, D, Z (zombie), X (dead), …
+	Flags uint64 // the kernel's PF_* flags
+}
+
+// pfExiting is the kernel's PF_EXITING: the process is tearing down.
+const pfExiting = 0x4
+
+// Ending reports whether the process is going away: tearing down after
+// its end, a zombie or dead.
+func (p Process) Ending() bool { return p.Gone() || p.Flags&pfExiting != 0 }
+
+// Gone reports whether the process holds nothing any more (a zombie or
+// dead, waiting only to be reaped).
+func (p Process) Gone() bool { return p.State == 'Z' || p.State == 'X' }
+
+// Stat reads /proc/<pid>/stat; an error when there is no such process.
+func Stat(pid int) (Process, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return Process{}, err
+	}
+	// After the command's name (which may hold spaces and parentheses):
+	// state, ppid, pgrp, session, tty_nr, tpgid, flags.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 7 || len(f[0]) != 1 {
+		return Process{}, fmt.Errorf("/proc/%d/stat: unreadable", pid)
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	if err != nil {
+		return Process{}, fmt.Errorf("/proc/%d/stat: flags: %w", pid, err)
+	}
+	return Process{State: f[0][0], Flags: flags}, nil
 }

@@ -1,6 +1,11 @@
 package procfs
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
 
 func TestParseMemInfo(t *testing.T) {
 	m := ParseMemInfo([]byte("MemTotal:       24681332 kB\nMemAvailable:    1000 kB\nHugePages_Total:       4\nbroken line\nEmpty:\nBad: x kB\n"))
@@ -15,5 +20,32 @@ func TestParseMemInfo(t *testing.T) {
 	}
 	if mem, err := MemInfo(); err != nil || mem["MemTotal"] == 0 {
 		t.Fatalf("this machine's meminfo: %v %v", mem, err)
+	}
+}
+
+// Stat tells a live process, a zombie (a child that exited, not yet
+// reaped) and a process that no longer exists apart.
+func TestStat(t *testing.T) {
+	if p, err := Stat(os.Getpid()); err != nil || p.Ending() || p.State == 0 {
+		t.Fatalf("this process: %+v %v", p, err)
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p, err := Stat(cmd.Process.Pid)
+		if err == nil && p.Gone() && p.Ending() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an exited, unreaped child: %+v %v", p, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Wait()
+	if _, err := Stat(cmd.Process.Pid); err == nil {
+		t.Fatal("a reaped child still has a stat")
 	}
 }

@@ -3,7 +3,6 @@
 package gvisor
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/procfs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -229,31 +229,10 @@ func (r *Runtime) isSandboxProcess(pid int, id string) bool {
 }
 
 // processExiting reports whether process pid is ending: killed and
-// tearing down (the kernel's PF_EXITING), or a zombie.
+// tearing down, or a zombie.
 func processExiting(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	// After the command's name: state, ppid, pgrp, session, tty_nr,
-	// tpgid, flags.
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 7 {
-		return false
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return true
-	}
-	const pfExiting = 0x4
-	flags, err := strconv.ParseUint(f[6], 10, 64)
-	return err == nil && flags&pfExiting != 0
+	p, err := procfs.Stat(pid)
+	return pid > 0 && err == nil && p.Ending()
 }
 
 // waitGone waits up to d for process pid to be gone (reaped, or a
@@ -261,14 +240,8 @@ func processExiting(pid int) bool {
 func waitGone(ctx context.Context, pid int, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
+		if p, err := procfs.Stat(pid); err != nil || p.Gone() {
 			return true
-		}
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 {
-			if f := strings.Fields(string(b[i+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
-				return true
-			}
 		}
 		if time.Now().After(deadline) {
 			return false

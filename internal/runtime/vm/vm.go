@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/procfs"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/exitwatch"
 )
@@ -327,10 +328,8 @@ func (r *Runtime) qemuPID(id string) int {
 	if err != nil || !bytes.Contains(cmdline, []byte("space-"+id)) {
 		return 0
 	}
-	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 0 && f[0] == "Z" {
-			return 0 // exited, not yet reaped
-		}
+	if p, err := procfs.Stat(pid); err == nil && p.Gone() {
+		return 0 // exited, not yet reaped
 	}
 	return pid
 }
