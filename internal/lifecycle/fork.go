@@ -142,10 +142,9 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	var saved time.Duration
 	savedCh, sourceDone := make(chan struct{}), make(chan error, 1)
 	var once sync.Once
+	markSaved := func() { once.Do(func() { saved = time.Since(t0); close(savedCh) }) }
 	go func() {
-		_, err := e.saveSource(ctx, rt, srcSb, dir, func() {
-			once.Do(func() { saved = time.Since(t0); close(savedCh) })
-		})
+		_, err := e.saveSource(ctx, rt, srcSb, dir, markSaved)
 		sourceDone <- err
 	}()
 	var sourceErr error
@@ -153,7 +152,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	case <-savedCh:
 	case sourceErr = <-sourceDone:
 		if sourceErr == nil {
-			once.Do(func() { saved = time.Since(t0); close(savedCh) })
+			markSaved()
 		}
 	}
 	if sourceErr != nil {
