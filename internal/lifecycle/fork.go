@@ -140,17 +140,20 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	// copy's start).
 	t0 := time.Now()
 	var saved time.Duration
-	savedCh, sourceDone := make(chan struct{}), make(chan error, 1)
+	// Both channels are closed, never sent on: each may be waited on twice
+	// (a runtime that adopts a save already complete — a fork resumed after
+	// a restart — returns without calling Saved).
+	savedCh, sourceDone := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	markSaved := func() { once.Do(func() { saved = time.Since(t0); close(savedCh) }) }
+	var sourceErr error // written before sourceDone is closed
 	go func() {
-		_, err := e.saveSource(ctx, rt, srcSb, dir, markSaved)
-		sourceDone <- err
+		defer close(sourceDone)
+		_, sourceErr = e.saveSource(ctx, rt, srcSb, dir, markSaved)
 	}()
-	var sourceErr error
 	select {
 	case <-savedCh:
-	case sourceErr = <-sourceDone:
+	case <-sourceDone:
 		if sourceErr == nil {
 			markSaved()
 		}
@@ -184,7 +187,8 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 		}()
 	}
 	wg.Wait()
-	if sourceErr = <-sourceDone; sourceErr != nil {
+	<-sourceDone
+	if sourceErr != nil {
 		sourceErr = fmt.Errorf("bring the source back after saving it: %w", sourceErr)
 	}
 	if e.life.Err() != nil {

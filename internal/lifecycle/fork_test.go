@@ -3,6 +3,8 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -131,6 +133,47 @@ func testForkResumesAfterRestart(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	w.close()
+	w2 := newWorld(t, dir, fakeruntime.Config{})
+	if got := wait(t, w2, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("resumed fork = %+v", got)
+	}
+	for _, f := range forks {
+		if state(t, w2, f.ID) != sandbox.Running {
+			t.Fatalf("fork %s not running after the resumed fork", f.ID)
+		}
+	}
+}
+
+// A fork stopped after its save was complete adopts that save at the next
+// start: the runtime returns without announcing it (no Saved call), and the
+// fork must still start its copies and finish (it waited forever for the
+// source once, when it had already read the source's result).
+func TestForkResumesWithItsSaveComplete(t *testing.T) {
+	synctest.Test(t, testForkResumesWithItsSaveComplete)
+}
+
+func testForkResumesWithItsSaveComplete(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorld(t, dir, fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	w.close()
+	w = newWorld(t, dir, fakeruntime.Config{Delay: time.Hour})
+	op, forks, err := w.eng.Fork(ctx, src.ID, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		got, _ := w.eng.Operation(ctx, op.ID)
+		if got.State == sandbox.OpRunning {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w.close()
+	if err := os.MkdirAll(filepath.Join(dir, "snapshots", op.ID), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	w2 := newWorld(t, dir, fakeruntime.Config{})
 	if got := wait(t, w2, op.ID); got.State != sandbox.OpSucceeded {
 		t.Fatalf("resumed fork = %+v", got)
