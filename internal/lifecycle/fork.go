@@ -154,14 +154,14 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	select {
 	case <-savedCh:
 	case <-sourceDone:
-		if sourceErr == nil {
-			markSaved()
+		// sourceErr may be read only here and after the second wait: while
+		// the save goes on it is being written.
+		if sourceErr != nil {
+			log.Error("fork: save the source", "err", sourceErr)
+			failAll(sourceErr)
+			return
 		}
-	}
-	if sourceErr != nil {
-		log.Error("fork: save the source", "err", sourceErr)
-		failAll(sourceErr)
-		return
+		markSaved()
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(op.Sandboxes))
