@@ -106,7 +106,12 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	newAgent := filepath.Join(t.TempDir(), "space-agent")
 	buildAgent(t, "..", newAgent)
 	if a, b := mustRead(t, oldAgent), mustRead(t, newAgent); !bytes.Equal(a, b) {
-		t.Fatalf("the agent of %s and this release's differ: the previous release's suspended sandboxes and snapshots would not restore after an in-place upgrade", previousRelease[:12])
+		// Its saves have no record of their agent: this release takes the
+		// first agent its host kept as theirs, which is theirs only when a
+		// release with their agent kept it (README, Upgrading). Make this
+		// test start such a release (4373e5a or later, with this agent) on
+		// the data directory before this one.
+		t.Fatalf("the agent of %s and this release's differ: upgrade through a release whose agent is %s's first", previousRelease[:12], previousRelease[:12])
 	}
 	install := func(from string) {
 		t.Helper()
@@ -150,8 +155,16 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	if r := s.do("PUT", "/v1/sandboxes/"+suspended+"/files?path=/tmp/suspended.txt", s.token, []byte("asleep"), "Content-Type: application/octet-stream"); r.status/100 != 2 {
 		t.Fatalf("write = %d %s", r.status, r.body)
 	}
-	if op, _, err := c.Lifecycle(ctx, "suspend", suspended, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
-		t.Fatalf("suspend: %v", err)
+	// Two suspended: one woken by this release as it comes, one after the
+	// agent is replaced too.
+	later := s.createRunning()
+	if r := s.do("PUT", "/v1/sandboxes/"+later+"/files?path=/tmp/suspended.txt", s.token, []byte("asleep longer"), "Content-Type: application/octet-stream"); r.status/100 != 2 {
+		t.Fatalf("write = %d %s", r.status, r.body)
+	}
+	for _, id := range []string{suspended, later} {
+		if op, _, err := c.Lifecycle(ctx, "suspend", id, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
+			t.Fatalf("suspend: %v", err)
+		}
 	}
 	snap, snapOp, err := c.CreateSnapshot(ctx, running, "before-upgrade", "")
 	if err != nil || s.waitOp(snapOp.ID).State != "succeeded" {
@@ -236,7 +249,49 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	if r := s.do("GET", "/v1/sandboxes/"+running, made.Value, nil); r.status != 404 {
 		t.Fatalf("another project's token on the default project's sandbox = %d", r.status)
 	}
+
+	// The next upgrade changes the agent: what the previous release saved
+	// (without a record of its agent) still wakes and starts, with the
+	// agent this release took as theirs on its first start.
+	s.stop()
+	replaceAgent(t, agentPath)
+	s.start()
+	if op, _, err := c.Lifecycle(ctx, "wake", later, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
+		t.Fatalf("wake of a sandbox the previous release suspended, after the agent changed: %v\n%s", err, s.log())
+	}
+	if out, code := s.sh(later, "cat /tmp/suspended.txt"); code != 0 || out != "asleep longer" {
+		t.Fatalf("the sandbox woken after the agent changed = %d %q", code, out)
+	}
+	fromSnap, _, err = c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap.ID}, "")
+	if err != nil || s.waitOp(fromSnap.Operation.ID).State != "succeeded" {
+		t.Fatalf("create from the previous release's snapshot after the agent changed: %v\n%s", err, s.log())
+	}
+	if out, code := s.sh(fromSnap.Sandbox.ID, "cat /tmp/kept.txt"); code != 0 || out != "kept across the upgrade" {
+		t.Fatalf("the snapshot's file after the agent changed = %d %q", code, out)
+	}
+	if out, code := s.sh(running, "cat /tmp/kept.txt"); code != 0 || out != "kept across the upgrade" {
+		t.Fatalf("the running sandbox after the agent changed = %d %q", code, out)
+	}
 	time.Sleep(100 * time.Millisecond)
+}
+
+// replaceAgent puts another agent at path: other bytes (without -trimpath
+// the build directory is in the binary), as an upgrade that changes the
+// agent brings.
+func replaceAgent(t *testing.T, path string) {
+	t.Helper()
+	other := filepath.Join(t.TempDir(), "space-agent")
+	cmd := exec.Command("go", "build", "-o", other, "../cmd/space-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build another agent: %v %s", err, out)
+	}
+	if bytes.Equal(mustRead(t, path), mustRead(t, other)) {
+		t.Fatal("the replacement agent has the same bytes: the test would prove nothing")
+	}
+	if err := os.Rename(other, path); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestAgentReplacedUnderSavedSandboxes: replacing the agent binary at
@@ -271,22 +326,8 @@ func TestAgentReplacedUnderSavedSandboxes(t *testing.T) {
 	if err != nil || s.waitOp(sop.ID).State != "succeeded" {
 		t.Fatalf("snapshot: %v", err)
 	}
-	before := mustRead(t, agentPath)
-	// Another agent at the same path: other bytes (without -trimpath the
-	// build directory is in the binary), as an upgrade brings.
 	s.stop()
-	other := filepath.Join(t.TempDir(), "space-agent")
-	cmd := exec.Command("go", "build", "-o", other, "../cmd/space-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build another agent: %v %s", err, out)
-	}
-	if bytes.Equal(before, mustRead(t, other)) {
-		t.Fatal("the replacement agent has the same bytes: the test would prove nothing")
-	}
-	if err := os.Rename(other, agentPath); err != nil {
-		t.Fatal(err)
-	}
+	replaceAgent(t, agentPath)
 	s.start()
 	if op, _, err := c.Lifecycle(ctx, "wake", suspended, ""); err != nil || s.waitOp(op.ID).State != "succeeded" {
 		t.Fatalf("wake after the agent was replaced: %v\n%s", err, s.log())
@@ -305,7 +346,7 @@ func TestAgentReplacedUnderSavedSandboxes(t *testing.T) {
 	if out, code := s.sh(fresh, "true"); code != 0 {
 		t.Fatalf("a new sandbox on the new agent: %d %s", code, out)
 	}
-	kept, _ := filepath.Glob(filepath.Join(dataDir, "runtime", "gvisor", "agents", "*"))
+	kept, _ := filepath.Glob(filepath.Join(dataDir, "runtime", "gvisor", "agents", strings.Repeat("[0-9a-f]", 64)))
 	if len(kept) != 2 {
 		t.Errorf("agents kept: %v, want the old and the new", kept)
 	}

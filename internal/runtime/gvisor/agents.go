@@ -5,12 +5,14 @@ package gvisor
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // A sandbox runs the agent binary it started with for its whole life: gVisor
@@ -20,11 +22,25 @@ import (
 // <dir>/agents/<sha256>, the sandbox's bundle mounts that copy, and the
 // sandbox directory and each of its saves record which one (agent.digest,
 // beside agent.key). Replacing --agent-bin (an upgrade) then changes what new
-// sandboxes run and nothing else. Sandboxes from before this record mount
-// --agent-bin itself, as they always did.
+// sandboxes run and nothing else.
+//
+// Sandboxes and saves made before agents were recorded (releases before
+// 4373e5a) have no record: they ran whatever --agent-bin held then. That
+// agent is the "legacy" one, written down once in <dir>/agents/legacy: the
+// first agent this host kept (a release that keeps agents kept the one it
+// found at --agent-bin on its first start, which is what the older release
+// ran), which is the one at --agent-bin now when none was kept before. A data
+// directory from before records must therefore be started once by a release
+// whose agent is the old one — any release from 4373e5a on whose agent did
+// not change — before an upgrade that changes the agent (README,
+// "Upgrading").
 
 // agentDigestFile names the file that records a sandbox's agent.
 const agentDigestFile = "agent.digest"
+
+// legacyAgentFile, in the agent store, names the agent of sandboxes and
+// saves without a record.
+const legacyAgentFile = "legacy"
 
 func (r *Runtime) agentsDir() string { return filepath.Join(r.cfg.Dir, "agents") }
 
@@ -64,19 +80,124 @@ func (r *Runtime) keepAgent() (string, error) {
 	return digest, nil
 }
 
+// isDigest reports whether d names a kept agent: 64 lowercase hex digits.
+func isDigest(d string) bool {
+	return len(d) == 64 && strings.Trim(d, "0123456789abcdef") == ""
+}
+
+// legacyAgent returns the agent of sandboxes and saves without a record,
+// choosing and writing it down the first time (see above). The agent at
+// --agent-bin is kept before, so the store holds at least that one.
+func (r *Runtime) legacyAgent() (string, error) {
+	file := filepath.Join(r.agentsDir(), legacyAgentFile)
+	if b, err := os.ReadFile(file); err == nil {
+		if d := strings.TrimSpace(string(b)); isDigest(d) {
+			return d, nil
+		}
+		r.log.Warn("gvisor: unreadable legacy agent record; choosing it again", "file", file)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("gvisor: legacy agent record: %w", err)
+	}
+	entries, err := os.ReadDir(r.agentsDir())
+	if err != nil {
+		return "", fmt.Errorf("gvisor: agent store: %w", err)
+	}
+	legacy, oldest := r.agentDigest, time.Time{}
+	for _, e := range entries {
+		info, err := e.Info()
+		if !isDigest(e.Name()) || err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		if oldest.IsZero() || info.ModTime().Before(oldest) {
+			legacy, oldest = e.Name(), info.ModTime()
+		}
+	}
+	err = os.WriteFile(file+".tmp", []byte(legacy+"\n"), 0o600)
+	if err == nil {
+		err = os.Rename(file+".tmp", file)
+	}
+	if err != nil {
+		return "", fmt.Errorf("gvisor: record the legacy agent: %w", err)
+	}
+	return legacy, nil
+}
+
+// pinLegacyAgents gives every sandbox directory without an agent record
+// the legacy agent: its bundle, which mounts --agent-bin itself, mounts the
+// kept copy instead, and the record says so — a wake restores onto the
+// bytes it was saved with, and its later saves carry the record, whatever
+// --agent-bin holds by then.
+func (r *Runtime) pinLegacyAgents() error {
+	root := filepath.Join(r.cfg.Dir, "sandboxes")
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("gvisor: sandboxes: %w", err)
+	}
+	for _, e := range entries {
+		record := filepath.Join(root, e.Name(), agentDigestFile)
+		if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		config := filepath.Join(r.bundleDir(e.Name()), "config.json")
+		if err := repointAgentMounts(config, r.agentFile(r.legacyDigest)); err != nil {
+			return fmt.Errorf("gvisor: sandbox %s: %w", e.Name(), err)
+		}
+		if err := os.WriteFile(record, []byte(r.legacyDigest+"\n"), 0o600); err != nil {
+			return fmt.Errorf("gvisor: sandbox %s: record the agent: %w", e.Name(), err)
+		}
+		r.log.Info("gvisor: sandbox from a release that did not record its agent given the first agent this host kept (README, Upgrading)", "sandbox_id", e.Name(), "agent", r.legacyDigest[:12])
+	}
+	return nil
+}
+
+// repointAgentMounts rewrites the OCI config at path so the mounts of the
+// agent (at AgentPath and SudoPath) come from agent; nothing else in it
+// changes. A missing config (a sandbox directory without a bundle) is left
+// so.
+func repointAgentMounts(path, agent string) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return fmt.Errorf("bundle config: %w", err)
+	}
+	mounts, _ := spec["mounts"].([]any)
+	for _, m := range mounts {
+		if m, ok := m.(map[string]any); ok && (m["destination"] == AgentPath || m["destination"] == SudoPath) {
+			m["source"] = agent
+		}
+	}
+	if b, err = json.MarshalIndent(spec, "", " "); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
 // agentOf is the agent a new container runs: the one the save in saveDir
 // recorded when this host keeps it (a restore must run the bytes it was
-// saved with), else this server's.
+// saved with), the legacy agent for a save without a record, else this
+// server's.
 func (r *Runtime) agentOf(saveDir string) string {
 	if saveDir == "" {
 		return r.agentDigest
 	}
 	b, err := os.ReadFile(filepath.Join(saveDir, agentDigestFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return r.agentDigest // a save from before agents were kept
+		return r.legacyDigest // a save from before agents were recorded
 	}
 	d := strings.TrimSpace(string(b))
-	if err != nil || len(d) != 64 || strings.Trim(d, "0123456789abcdef") != "" {
+	if err != nil || !isDigest(d) {
 		r.log.Warn("gvisor: unreadable agent record in a save; using the current agent", "dir", saveDir, "err", err)
 		return r.agentDigest
 	}

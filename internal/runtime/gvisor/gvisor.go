@@ -90,8 +90,9 @@ type Runtime struct {
 	// server left running on them (awaitEarlierRunsc).
 	earlierChecked sync.Map
 
-	// agentDigest is the agent new sandboxes run (agents.go).
-	agentDigest string
+	// agentDigest is the agent new sandboxes run; legacyDigest the one of
+	// sandboxes and saves without a record (agents.go).
+	agentDigest, legacyDigest string
 	// direct: checkpoints write their pages file with O_DIRECT.
 	direct bool
 	// deleting holds, per sandbox, a background `runsc delete` of its
@@ -119,6 +120,12 @@ func New(cfg Config) (*Runtime, error) {
 	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir)}
 	var err error
 	if r.agentDigest, err = r.keepAgent(); err != nil {
+		return nil, err
+	}
+	if r.legacyDigest, err = r.legacyAgent(); err != nil {
+		return nil, err
+	}
+	if err := r.pinLegacyAgents(); err != nil {
 		return nil, err
 	}
 	r.endpoints = agentclient.NewEndpoints(r.socketPath, cfg.Logger)
