@@ -19,6 +19,13 @@ import (
 // Move it forward when a release changes the schema again.
 const previousRelease = "cf061e5506d543a4250760a5671b257d1518cb49"
 
+// upgradeStop is the release a data directory of previousRelease starts
+// once before a release whose agent differs from previousRelease's: the
+// first to keep agents by content (4373e5a) as users have it (landed as
+// stop 31), so it keeps the agent previousRelease's sandboxes ran, which
+// later releases take as theirs (README, "Upgrading").
+const upgradeStop = "799cb764a6c025dcaa5879871af5c26b2cdfd5e1"
+
 // buildRelease builds space (with build tags tags, if any) and space-agent
 // of commit rev from this repository's history into a directory of the
 // test's.
@@ -98,21 +105,14 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	oldBin, oldAgent := buildRelease(t, previousRelease)
 	// The agent is installed at one path and replaced there by the
 	// upgrade, as `make build` does. The previous release's sandboxes mount
-	// that path itself, and gVisor restores a save only onto the bytes it
-	// was made with: the agent's sources did not change in this release,
-	// and reproducible builds make that the same binary. (From this release
-	// on each sandbox keeps the agent it started with: TestAgentReplaced…)
+	// that path itself and record no agent, and gVisor restores a save only
+	// onto the bytes it was made with: when this release's agent differs,
+	// the data directory goes through upgradeStop first, as README's
+	// "Upgrading" tells users to (it keeps the old agent for them).
 	agentPath := filepath.Join(t.TempDir(), "space-agent")
 	newAgent := filepath.Join(t.TempDir(), "space-agent")
 	buildAgent(t, "..", newAgent)
-	if a, b := mustRead(t, oldAgent), mustRead(t, newAgent); !bytes.Equal(a, b) {
-		// Its saves have no record of their agent: this release takes the
-		// first agent its host kept as theirs, which is theirs only when a
-		// release with their agent kept it (README, Upgrading). Make this
-		// test start such a release (4373e5a or later, with this agent) on
-		// the data directory before this one.
-		t.Fatalf("the agent of %s and this release's differ: upgrade through a release whose agent is %s's first", previousRelease[:12], previousRelease[:12])
-	}
+	agentChanged := !bytes.Equal(mustRead(t, oldAgent), mustRead(t, newAgent))
 	install := func(from string) {
 		t.Helper()
 		b, err := os.ReadFile(from)
@@ -183,6 +183,19 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 
 	// This release, on the same data directory.
 	s.stop()
+	if agentChanged {
+		t.Logf("this release changes the agent: upgrading through %s", upgradeStop[:12])
+		stopBin, stopAgent := buildRelease(t, upgradeStop)
+		if !bytes.Equal(mustRead(t, stopAgent), mustRead(t, oldAgent)) {
+			t.Fatalf("the agent of %s is not %s's: it cannot be the upgrade stop", upgradeStop[:12], previousRelease[:12])
+		}
+		s.bin = stopBin
+		s.start()
+		if r := s.do("GET", "/v1/sandboxes/"+running, s.token, nil); r.status != 200 {
+			t.Fatalf("the upgrade stop's view of a running sandbox = %d %s", r.status, r.body)
+		}
+		s.stop()
+	}
 	s.bin = spaceBin
 	install(newAgent)
 	s.start()

@@ -301,10 +301,14 @@ const (
 	pumpBuf = 256 << 10
 	// pipeSize is the capacity asked for output pipes.
 	pipeSize = 1 << 20
-	// A read within coalesceAfter of the previous one waits coalesceFor
+	// Output streams in small writes when reads keep coming within
+	// coalesceAfter of each other and each takes less than coalesceBelow;
+	// from the streakToCoalesce-th such read on, each waits coalesceFor
 	// first.
-	coalesceAfter = 2 * time.Millisecond
-	coalesceFor   = 500 * time.Microsecond
+	coalesceAfter    = 2 * time.Millisecond
+	coalesceBelow    = pumpBuf / 4
+	coalesceFor      = 2 * time.Millisecond
+	streakToCoalesce = 2
 )
 
 // pump copies a stream into the ring, one chunk per read. A chunk owns
@@ -314,18 +318,27 @@ const (
 func pump(f *os.File, stream string, out *ring) {
 	buf := make([]byte, pumpBuf)
 	var last time.Time
+	streak := 0
 	for {
-		// While output streams (the last read came moments ago and did not
-		// fill the buffer), let it gather before reading again: one wakeup
-		// per pipeful instead of one per write. Interactive output, with
-		// gaps between writes, is read at once.
+		// While output streams in small writes (reads keep coming moments
+		// apart, each taking little), let it gather before reading again:
+		// one wakeup per many writes instead of one per write — under
+		// gVisor each wakeup costs the sandbox CPU its process would use to
+		// write. Large writes (a read takes much) are read at once, as are
+		// a short burst (a command's few lines, then its end) and
+		// interactive output, with gaps between writes.
 		if now := time.Now(); now.Sub(last) < coalesceAfter {
+			streak++
+		} else {
+			streak = 0
+		}
+		if streak >= streakToCoalesce {
 			time.Sleep(coalesceFor)
 		}
 		n, err := f.Read(buf)
 		last = time.Now()
-		if n >= len(buf) {
-			last = time.Time{} // a full read: more is surely waiting
+		if n >= coalesceBelow {
+			last = time.Time{} // a large read: more is surely waiting
 		}
 		if n > 0 {
 			var data []byte
