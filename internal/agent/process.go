@@ -298,7 +298,7 @@ func (a *Agent) watch(p *process, pid int, readers []*os.File, exited <-chan sys
 
 const (
 	// pumpBuf is the most one read of a process's output takes.
-	pumpBuf = 256 << 10
+	pumpBuf = 1 << 20
 	// pipeSize is the capacity asked for output pipes.
 	pipeSize = 1 << 20
 	// Output streams in small writes when reads keep coming within

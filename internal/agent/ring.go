@@ -192,11 +192,16 @@ func toResult(resync bool, cs []chunk) (proto.ReadResult, []byte) {
 	res := proto.ReadResult{Resync: resync, Chunks: make([]proto.Chunk, 0, len(cs))}
 	size := 0
 	for _, c := range cs {
+		res.Chunks = append(res.Chunks, proto.Chunk{Seq: c.seq, Stream: c.stream, Len: len(c.data)})
 		size += len(c.data)
+	}
+	if len(cs) == 1 {
+		// A chunk is never written to once in the ring: send it as it is
+		// (streaming output is one large chunk per read) instead of a copy.
+		return res, cs[0].data
 	}
 	blob := make([]byte, 0, size)
 	for _, c := range cs {
-		res.Chunks = append(res.Chunks, proto.Chunk{Seq: c.seq, Stream: c.stream, Len: len(c.data)})
 		blob = append(blob, c.data...)
 	}
 	return res, blob

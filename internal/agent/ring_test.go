@@ -107,7 +107,7 @@ func TestPumpChunksOwnTheirSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRing(1<<20, time.Minute)
+	r := newRing(4*pumpBuf, time.Minute) // holds all of it
 	done := make(chan struct{})
 	go func() { pump(pr, "stdout", r); close(done) }()
 	var before runtime.MemStats

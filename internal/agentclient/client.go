@@ -53,6 +53,9 @@ func DialBind(ctx context.Context, conn io.ReadWriteCloser, bind []byte) (*Clien
 		hello.Bind = hex.EncodeToString(bind)
 	}
 	r, w := proto.NewReader(conn), proto.NewWriter(conn)
+	// Output and file reads come in large frames: ReadOutput hands their
+	// buffers back (Output.Release) for the next.
+	r.Pool = true
 	type result struct {
 		h   proto.Hello
 		err error
@@ -145,6 +148,8 @@ func (c *Client) readLoop(r *proto.Reader) {
 		c.mu.Unlock()
 		if ok {
 			ch <- f
+		} else {
+			f.Release()
 		}
 	}
 	c.conn.Close()
@@ -161,16 +166,23 @@ func (c *Client) readLoop(r *proto.Reader) {
 // Call sends one call and waits for its reply. Agent errors are returned as
 // *proto.Error.
 func (c *Client) Call(ctx context.Context, method string, params any, blob []byte) (json.RawMessage, []byte, error) {
+	raw, f, err := c.callFrame(ctx, method, params, blob)
+	return raw, f.Blob, err
+}
+
+// callFrame is Call, returning the reply's frame (its Blob is the reply's
+// blob; Release hands its buffer back).
+func (c *Client) callFrame(ctx context.Context, method string, params any, blob []byte) (json.RawMessage, proto.Frame, error) {
 	raw, err := json.Marshal(params)
 	if err != nil {
-		return nil, nil, fmt.Errorf("encode %s params: %w", method, err)
+		return nil, proto.Frame{}, fmt.Errorf("encode %s params: %w", method, err)
 	}
 	ch := make(chan proto.Frame, 1)
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return nil, nil, err
+		return nil, proto.Frame{}, err
 	}
 	c.nextID++
 	id := c.nextID
@@ -179,7 +191,7 @@ func (c *Client) Call(ctx context.Context, method string, params any, blob []byt
 	if err := c.w.Write(proto.TypeCall, id, proto.Call{Method: method, Params: raw}, blob); err != nil {
 		c.forget(id)
 		c.conn.Close()
-		return nil, nil, fmt.Errorf("%w: send %s: %v", ErrClosed, method, err)
+		return nil, proto.Frame{}, fmt.Errorf("%w: send %s: %v", ErrClosed, method, err)
 	}
 	select {
 	case f, ok := <-ch:
@@ -187,19 +199,21 @@ func (c *Client) Call(ctx context.Context, method string, params any, blob []byt
 			c.mu.Lock()
 			err := c.err
 			c.mu.Unlock()
-			return nil, nil, err
+			return nil, proto.Frame{}, err
 		}
 		var rep proto.Reply
 		if err := json.Unmarshal(f.Header, &rep); err != nil {
-			return nil, nil, fmt.Errorf("decode %s reply: %w", method, err)
+			f.Release()
+			return nil, proto.Frame{}, fmt.Errorf("decode %s reply: %w", method, err)
 		}
 		if rep.Error != nil {
-			return nil, nil, rep.Error
+			f.Release()
+			return nil, proto.Frame{}, rep.Error
 		}
-		return rep.Result, f.Blob, nil
+		return rep.Result, f, nil
 	case <-ctx.Done():
 		c.forget(id)
-		return nil, nil, ctx.Err()
+		return nil, proto.Frame{}, ctx.Err()
 	}
 }
 
@@ -274,25 +288,38 @@ func (c *Client) ListProcesses(ctx context.Context) ([]proto.Process, error) {
 type Output struct {
 	proto.ReadResult
 	Data []byte // the chunks' bytes, in order
+
+	frame proto.Frame
 }
+
+// Release hands Data's buffer back for a later read: Data must not be used
+// after. Optional (an output never released is collected), at most once.
+func (o *Output) Release() { o.frame.Release() }
 
 // ReadOutput reads output after chunk `after`, waiting up to wait.
 func (c *Client) ReadOutput(ctx context.Context, id string, after uint64, maxBytes int, wait time.Duration, subscriber string) (Output, error) {
-	r, blob, err := call[proto.ReadResult](ctx, c, proto.MethodProcRead, proto.ReadRequest{ID: id, After: after, MaxBytes: maxBytes, Wait: wait, Subscriber: subscriber}, nil)
+	raw, f, err := c.callFrame(ctx, proto.MethodProcRead, proto.ReadRequest{ID: id, After: after, MaxBytes: maxBytes, Wait: wait, Subscriber: subscriber}, nil)
 	if err != nil {
 		return Output{}, err
+	}
+	var r proto.ReadResult
+	if err := json.Unmarshal(raw, &r); len(raw) > 0 && err != nil {
+		f.Release()
+		return Output{}, fmt.Errorf("decode %s result: %w", proto.MethodProcRead, err)
 	}
 	n := 0
 	for _, ch := range r.Chunks {
 		if ch.Len < 0 {
+			f.Release()
 			return Output{}, errors.New("agent sent a negative chunk length")
 		}
 		n += ch.Len
 	}
-	if n != len(blob) {
-		return Output{}, fmt.Errorf("agent sent %d bytes for chunks totalling %d", len(blob), n)
+	if n != len(f.Blob) {
+		f.Release()
+		return Output{}, fmt.Errorf("agent sent %d bytes for chunks totalling %d", len(f.Blob), n)
 	}
-	return Output{ReadResult: r, Data: blob}, nil
+	return Output{ReadResult: r, Data: f.Blob, frame: f}, nil
 }
 
 // Hold keeps subscriber's place in a process's output window (it has read

@@ -16,6 +16,7 @@ import (
 // notice, the process's exit, or a quiet spell (nothing came in the wait).
 type Event struct {
 	// Chunk: Seq, Stream (sandboxio.Stdout, sandboxio.Stderr) and Data.
+	// Data is valid until emit returns: its buffer is reused after.
 	Seq    uint64
 	Stream string
 	Data   []byte
@@ -42,9 +43,10 @@ const holdEvery = time.Second
 // with a resync and the retained output.
 const FollowAll = math.MaxUint64
 
-// Follow streams a started process's output after chunk `after` to emit,
-// waiting up to wait for each step, until the process has exited (the last
-// event has Exited set; Follow then returns nil). The agent's window never
+// Follow streams a started process's output after chunk `after` to emit
+// (an event's Data is the caller's only until emit returns), waiting up to
+// wait for each step, until the process has exited (the last event has
+// Exited set; Follow then returns nil). The agent's window never
 // evicts output this reader has not read. When the sandbox stops running
 // (pause, suspend, delete) Follow returns an error: the stream is
 // incomplete and the caller resumes later from the last Seq it saw. Follow
@@ -158,6 +160,7 @@ func (s *Service) Follow(ctx context.Context, sandboxID, processID string, after
 			}
 			off += c.Len
 		}
+		out.Release() // every chunk is written: the next read may reuse the buffer
 		if out.Exited != nil {
 			return emit(Event{Exited: out.Exited})
 		}

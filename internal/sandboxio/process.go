@@ -113,6 +113,17 @@ type Output struct {
 	Data   []byte // the chunks' bytes, in order
 	// Exited is set once the process exited and every chunk was read.
 	Exited *Process
+
+	release func()
+}
+
+// Release hands Data's buffer back for a later read: Data must not be used
+// after. Optional (an output never released is collected), at most once.
+func (o *Output) Release() {
+	if o.release != nil {
+		o.release()
+		o.release = nil
+	}
 }
 
 // ReadOutput reads output after chunk `after` for subscriber, waiting up to
@@ -122,7 +133,7 @@ func (a *Agent) ReadOutput(ctx context.Context, id string, after uint64, maxByte
 	if err != nil {
 		return Output{}, fail("read output", err)
 	}
-	out := Output{Resync: o.Resync, Data: o.Data, Chunks: make([]Chunk, len(o.Chunks))}
+	out := Output{Resync: o.Resync, Data: o.Data, Chunks: make([]Chunk, len(o.Chunks)), release: o.Release}
 	for i, c := range o.Chunks {
 		out.Chunks[i] = Chunk(c)
 	}

@@ -55,7 +55,28 @@ type Frame struct {
 	ID     uint32
 	Header []byte // JSON
 	Blob   []byte
+
+	pooled *[]byte // the buffer Header and Blob are in, when it is the pool's
 }
+
+// Release hands the buffer of a frame read by a Reader with Pool set back
+// for the next large frame; Header and Blob must not be used after, and a
+// frame is released at most once. A frame never released is collected as
+// any other memory.
+func (f *Frame) Release() {
+	if f.pooled != nil {
+		framePool.Put(f.pooled)
+		f.pooled = nil
+	}
+}
+
+// framePool holds the buffers of large frames (output, file contents) for
+// Readers with Pool set: a stream of them reuses a few buffers instead of
+// allocating (and faulting in, and collecting) one per frame.
+var framePool = sync.Pool{New: func() any { b := make([]byte, MaxFrame); return &b }}
+
+// poolFrom is the smallest frame taken from the pool.
+const poolFrom = 64 << 10
 
 // ErrFrame reports a malformed frame; the connection cannot continue.
 var ErrFrame = errors.New("malformed agent frame")
@@ -64,6 +85,9 @@ var ErrFrame = errors.New("malformed agent frame")
 type Reader struct {
 	r   *bufio.Reader
 	hdr [13]byte
+	// Pool takes large frames' buffers from a pool; their reader hands
+	// each back with Frame.Release when done with it.
+	Pool bool
 }
 
 // NewReader returns a frame reader on r.
@@ -78,7 +102,26 @@ func (fr *Reader) Read() (Frame, error) {
 	if n < 9 || n > MaxFrame {
 		return Frame{}, fmt.Errorf("%w: length %d", ErrFrame, n)
 	}
-	buf := make([]byte, n)
+	var buf []byte
+	var pooled *[]byte
+	if fr.Pool && n >= poolFrom {
+		pooled = framePool.Get().(*[]byte)
+		buf = (*pooled)[:n]
+	} else {
+		buf = make([]byte, n)
+	}
+	f, err := fr.read(buf)
+	if err != nil {
+		if pooled != nil {
+			framePool.Put(pooled)
+		}
+		return Frame{}, err
+	}
+	f.pooled = pooled
+	return f, nil
+}
+
+func (fr *Reader) read(buf []byte) (Frame, error) {
 	if _, err := io.ReadFull(fr.r, buf); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF

@@ -103,3 +103,42 @@ func FuzzParse(f *testing.F) {
 type rawJSON []byte
 
 func (r rawJSON) MarshalJSON() ([]byte, error) { return r, nil }
+
+// A pooled reader's large frames reuse buffers handed back with Release,
+// and only those: a frame still held keeps its bytes while later frames
+// are read, and a released buffer serves the next large frame whole.
+func TestPooledFramesReuseOnlyReleasedBuffers(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	blobs := [][]byte{bytes.Repeat([]byte{1}, 1<<20), bytes.Repeat([]byte{2}, 300<<10), bytes.Repeat([]byte{3}, 1<<20), []byte("small")}
+	for i, b := range blobs {
+		if err := w.Write(TypeReply, uint32(i), Reply{}, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := NewReader(&buf)
+	r.Pool = true
+	held, err := r.Read() // kept, never released
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := r.Read()
+	if err != nil || !bytes.Equal(second.Blob, blobs[1]) {
+		t.Fatalf("second frame: %v", err)
+	}
+	second.Release()
+	second.Release() // a second release is a no-op, not a double hand-back
+	third, err := r.Read()
+	if err != nil || !bytes.Equal(third.Blob, blobs[2]) {
+		t.Fatalf("third frame: %v", err)
+	}
+	if !bytes.Equal(held.Blob, blobs[0]) {
+		t.Fatal("a frame still held was overwritten by a later one")
+	}
+	small, err := r.Read()
+	if err != nil || string(small.Blob) != "small" || small.pooled != nil {
+		t.Fatalf("small frame = %q pooled %v: %v", small.Blob, small.pooled != nil, err)
+	}
+	third.Release()
+	held.Release()
+}
