@@ -251,30 +251,21 @@ var (
 	outputTail = []byte(`"}`)
 )
 
-// isBase64 reports whether b holds only standard base64 characters (no
-// escapes, quotes or the line breaks base64's decoder would skip).
-func isBase64(b []byte) bool {
-	for _, c := range b {
-		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '=') {
-			return false
-		}
-	}
-	return true
-}
-
 func decodeEvent(ev *Event, data []byte) error {
 	if ev.Name == "output" && len(data) >= len(outputHead)+len(outputTail) && bytes.HasPrefix(data, outputHead) && bytes.HasSuffix(data, outputTail) {
 		rest := data[len(outputHead) : len(data)-len(outputTail)]
 		if i := bytes.Index(rest, outputMid); i > 0 {
 			stream, b64 := string(rest[:i]), rest[i+len(outputMid):]
-			if (stream == "stdout" || stream == "stderr") && isBase64(b64) {
+			// Plain base64, as the server writes it, decodes here; any other
+			// spelling (a JSON escape such as \/) fails and takes the general
+			// path below, as do the line breaks base64's decoder would skip
+			// (a JSON string cannot hold them raw).
+			if (stream == "stdout" || stream == "stderr") && bytes.IndexByte(b64, '\r') < 0 && bytes.IndexByte(b64, '\n') < 0 {
 				out := make([]byte, base64.StdEncoding.DecodedLen(len(b64)))
-				n, err := base64.StdEncoding.Decode(out, b64)
-				if err != nil {
-					return fmt.Errorf("malformed output data: %w", err)
+				if n, err := base64.StdEncoding.Decode(out, b64); err == nil {
+					ev.Stream, ev.Data = stream, out[:n]
+					return nil
 				}
-				ev.Stream, ev.Data = stream, out[:n]
-				return nil
 			}
 		}
 	}
