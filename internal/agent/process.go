@@ -297,8 +297,12 @@ func (a *Agent) watch(p *process, pid int, readers []*os.File, exited <-chan sys
 }
 
 const (
-	// pumpBuf is the most one read of a process's output takes.
-	pumpBuf = 1 << 20
+	// pumpBuf is the most one read of a process's output takes; the first
+	// takes pumpFirst, and each read that fills its buffer makes the next
+	// buffer four times larger, up to pumpBuf: a short command's few bytes
+	// cost a small buffer, a stream soon moves a megabyte per read.
+	pumpBuf   = 1 << 20
+	pumpFirst = 64 << 10
 	// pipeSize is the capacity asked for output pipes.
 	pipeSize = 1 << 20
 	// Output streams in small writes when reads keep coming within
@@ -316,7 +320,7 @@ const (
 // is copied out, so a window of many small chunks (interactive output)
 // holds what it counts rather than a read buffer per chunk.
 func pump(f *os.File, stream string, out *ring) {
-	buf := make([]byte, pumpBuf)
+	buf := make([]byte, pumpFirst)
 	var last time.Time
 	streak := 0
 	for {
@@ -337,13 +341,17 @@ func pump(f *os.File, stream string, out *ring) {
 		}
 		n, err := f.Read(buf)
 		last = time.Now()
-		if n >= coalesceBelow {
-			last = time.Time{} // a large read: more is surely waiting
+		if n >= coalesceBelow || n == len(buf) {
+			last = time.Time{} // a large or full read: more is surely waiting
 		}
 		if n > 0 {
 			var data []byte
 			if n >= len(buf)/2 {
-				data, buf = buf[:n:n], make([]byte, pumpBuf)
+				size := len(buf)
+				if n == size {
+					size = min(4*size, pumpBuf)
+				}
+				data, buf = buf[:n:n], make([]byte, size)
 			} else {
 				data = make([]byte, n)
 				copy(data, buf)
