@@ -70,10 +70,23 @@ func (f *Frame) Release() {
 	}
 }
 
-// framePool holds the buffers of large frames (output, file contents) for
-// Readers with Pool set: a stream of them reuses a few buffers instead of
-// allocating (and faulting in, and collecting) one per frame.
-var framePool = sync.Pool{New: func() any { b := make([]byte, MaxFrame); return &b }}
+// framePool holds the buffers of large frames (output, file contents)
+// handed back by Release: a stream of them reuses a few buffers instead of
+// allocating (and faulting in, and collecting) one per frame. It holds only
+// what was handed back, so a large frame no one releases costs its own
+// size, as without a pool.
+var framePool sync.Pool // of *[]byte
+
+// frameBuf is a buffer of n bytes for a frame: a handed-back one when the
+// pool has one large enough, else a new one of exactly n.
+func frameBuf(n int) *[]byte {
+	if p, _ := framePool.Get().(*[]byte); p != nil && cap(*p) >= n {
+		*p = (*p)[:n]
+		return p
+	}
+	b := make([]byte, n)
+	return &b
+}
 
 // poolFrom is the smallest frame taken from the pool.
 const poolFrom = 64 << 10
@@ -102,19 +115,13 @@ func (fr *Reader) Read() (Frame, error) {
 	if n < 9 || n > MaxFrame {
 		return Frame{}, fmt.Errorf("%w: length %d", ErrFrame, n)
 	}
-	var buf []byte
-	var pooled *[]byte
-	if fr.Pool && n >= poolFrom {
-		pooled = framePool.Get().(*[]byte)
-		buf = (*pooled)[:n]
-	} else {
-		buf = make([]byte, n)
+	if !fr.Pool || n < poolFrom {
+		return fr.read(make([]byte, n))
 	}
-	f, err := fr.read(buf)
+	pooled := frameBuf(int(n))
+	f, err := fr.read(*pooled)
 	if err != nil {
-		if pooled != nil {
-			framePool.Put(pooled)
-		}
+		framePool.Put(pooled)
 		return Frame{}, err
 	}
 	f.pooled = pooled
