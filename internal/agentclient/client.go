@@ -224,17 +224,25 @@ func (c *Client) forget(id uint32) {
 }
 
 func call[T any](ctx context.Context, c *Client, method string, params any, blob []byte) (T, []byte, error) {
+	out, f, err := callReply[T](ctx, c, method, params, blob)
+	return out, f.Blob, err
+}
+
+// callReply is call, returning the reply's frame (its Blob is the reply's
+// blob; Release hands its buffer back).
+func callReply[T any](ctx context.Context, c *Client, method string, params any, blob []byte) (T, proto.Frame, error) {
 	var out T
-	raw, b, err := c.Call(ctx, method, params, blob)
+	raw, f, err := c.callFrame(ctx, method, params, blob)
 	if err != nil {
-		return out, nil, err
+		return out, proto.Frame{}, err
 	}
 	if len(raw) > 0 {
 		if err := json.Unmarshal(raw, &out); err != nil {
-			return out, nil, fmt.Errorf("decode %s result: %w", method, err)
+			f.Release()
+			return out, proto.Frame{}, fmt.Errorf("decode %s result: %w", method, err)
 		}
 	}
-	return out, b, nil
+	return out, f, nil
 }
 
 // Info asks the agent about itself.
@@ -298,28 +306,31 @@ func (o *Output) Release() { o.frame.Release() }
 
 // ReadOutput reads output after chunk `after`, waiting up to wait.
 func (c *Client) ReadOutput(ctx context.Context, id string, after uint64, maxBytes int, wait time.Duration, subscriber string) (Output, error) {
-	raw, f, err := c.callFrame(ctx, proto.MethodProcRead, proto.ReadRequest{ID: id, After: after, MaxBytes: maxBytes, Wait: wait, Subscriber: subscriber}, nil)
+	r, f, err := callReply[proto.ReadResult](ctx, c, proto.MethodProcRead, proto.ReadRequest{ID: id, After: after, MaxBytes: maxBytes, Wait: wait, Subscriber: subscriber}, nil)
 	if err != nil {
 		return Output{}, err
 	}
-	var r proto.ReadResult
-	if err := json.Unmarshal(raw, &r); len(raw) > 0 && err != nil {
+	if err := checkChunks(r.Chunks, len(f.Blob)); err != nil {
 		f.Release()
-		return Output{}, fmt.Errorf("decode %s result: %w", proto.MethodProcRead, err)
-	}
-	n := 0
-	for _, ch := range r.Chunks {
-		if ch.Len < 0 {
-			f.Release()
-			return Output{}, errors.New("agent sent a negative chunk length")
-		}
-		n += ch.Len
-	}
-	if n != len(f.Blob) {
-		f.Release()
-		return Output{}, fmt.Errorf("agent sent %d bytes for chunks totalling %d", len(f.Blob), n)
+		return Output{}, err
 	}
 	return Output{ReadResult: r, Data: f.Blob, frame: f}, nil
+}
+
+// checkChunks checks that chunks account for exactly the n bytes of a
+// read's blob.
+func checkChunks(chunks []proto.Chunk, n int) error {
+	total := 0
+	for _, ch := range chunks {
+		if ch.Len < 0 {
+			return errors.New("agent sent a negative chunk length")
+		}
+		total += ch.Len
+	}
+	if total != n {
+		return fmt.Errorf("agent sent %d bytes for chunks totalling %d", n, total)
+	}
+	return nil
 }
 
 // Hold keeps subscriber's place in a process's output window (it has read
