@@ -112,11 +112,7 @@ func (r *Runtime) legacyAgent() (string, error) {
 			legacy, oldest = e.Name(), info.ModTime()
 		}
 	}
-	err = os.WriteFile(file+".tmp", []byte(legacy+"\n"), 0o600)
-	if err == nil {
-		err = os.Rename(file+".tmp", file)
-	}
-	if err != nil {
+	if err := replaceFile(file, []byte(legacy+"\n")); err != nil {
 		return "", fmt.Errorf("gvisor: record the legacy agent: %w", err)
 	}
 	return legacy, nil
@@ -178,10 +174,7 @@ func repointAgentMounts(path, agent string) error {
 	if b, err = json.MarshalIndent(spec, "", " "); err != nil {
 		return err
 	}
-	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(path+".tmp", path)
+	return replaceFile(path, b)
 }
 
 // agentOf is the agent a new container runs: the one the save in saveDir

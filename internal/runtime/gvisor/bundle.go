@@ -137,9 +137,5 @@ func (r *Runtime) writeBundle(spec runtime.Spec, rootfs, agent string) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, "config.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, "config.json"))
+	return replaceFile(filepath.Join(dir, "config.json"), b)
 }

@@ -47,14 +47,19 @@ func snapshotComplete(dir string) bool { return snapshotGen(dir) != "" }
 
 // markCurrent makes generation gen of dir the state to restore.
 func markCurrent(dir, gen string) error {
-	tmp := filepath.Join(dir, currentMarker+".tmp")
-	if err := os.WriteFile(tmp, []byte(gen), 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, currentMarker)); err != nil {
+	if err := replaceFile(filepath.Join(dir, currentMarker), []byte(gen)); err != nil {
 		return err
 	}
 	return syncDir(dir)
+}
+
+// replaceFile writes b to path whole or not at all: to path.tmp, then
+// renamed over path, so a reader (or a crash) never sees half of it.
+func replaceFile(path string, b []byte) error {
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
 }
 
 // newestCheckpoint is the newest generation in dir holding a checkpoint
