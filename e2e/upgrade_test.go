@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/runtime/runtimetest"
 )
 
 // previousRelease is the commit whose binary made the data directories
@@ -293,12 +294,7 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 // agent brings.
 func replaceAgent(t *testing.T, path string) {
 	t.Helper()
-	other := filepath.Join(t.TempDir(), "space-agent")
-	cmd := exec.Command("go", "build", "-o", other, "../cmd/space-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build another agent: %v %s", err, out)
-	}
+	other := runtimetest.BuildAgent(t)
 	if bytes.Equal(mustRead(t, path), mustRead(t, other)) {
 		t.Fatal("the replacement agent has the same bytes: the test would prove nothing")
 	}
