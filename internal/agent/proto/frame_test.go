@@ -106,11 +106,12 @@ func (r rawJSON) MarshalJSON() ([]byte, error) { return r, nil }
 
 // A pooled reader's large frames reuse buffers handed back with Release,
 // and only those: a frame still held keeps its bytes while later frames
-// are read, and a released buffer serves the next large frame whole.
+// are read, a released buffer serves a later large frame, and a buffer
+// released twice still serves only one frame at a time.
 func TestPooledFramesReuseOnlyReleasedBuffers(t *testing.T) {
 	var buf bytes.Buffer
 	w := NewWriter(&buf)
-	blobs := [][]byte{bytes.Repeat([]byte{1}, 1<<20), bytes.Repeat([]byte{2}, 300<<10), bytes.Repeat([]byte{3}, 1<<20), []byte("small")}
+	blobs := [][]byte{bytes.Repeat([]byte{1}, 1<<20), bytes.Repeat([]byte{2}, 1<<20), bytes.Repeat([]byte{3}, 1<<20), bytes.Repeat([]byte{4}, 1<<20), []byte("small")}
 	for i, b := range blobs {
 		if err := w.Write(TypeReply, uint32(i), Reply{}, b); err != nil {
 			t.Fatal(err)
@@ -129,8 +130,15 @@ func TestPooledFramesReuseOnlyReleasedBuffers(t *testing.T) {
 	second.Release()
 	second.Release() // a second release is a no-op, not a double hand-back
 	third, err := r.Read()
-	if err != nil || !bytes.Equal(third.Blob, blobs[2]) {
-		t.Fatalf("third frame: %v", err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fourth, err := r.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(third.Blob, blobs[2]) || !bytes.Equal(fourth.Blob, blobs[3]) {
+		t.Fatal("two frames read one after the other share a buffer")
 	}
 	if !bytes.Equal(held.Blob, blobs[0]) {
 		t.Fatal("a frame still held was overwritten by a later one")
@@ -140,5 +148,6 @@ func TestPooledFramesReuseOnlyReleasedBuffers(t *testing.T) {
 		t.Fatalf("small frame = %q pooled %v: %v", small.Blob, small.pooled != nil, err)
 	}
 	third.Release()
+	fourth.Release()
 	held.Release()
 }
