@@ -94,7 +94,7 @@ func (b *Bare) Suspend(ctx context.Context) error {
 // Wake restores the checkpoint (runsc restore --detach, memory paged in the
 // background as SPACE asks for) and runs the first command.
 func (b *Bare) Wake(ctx context.Context) error {
-	if err := b.r.start(ctx, b.spec, "restore", "--detach", "--background", "--image-path", b.spec.SnapshotDir, "--bundle", b.r.bundleDir(b.spec.SandboxID), b.spec.SandboxID); err != nil {
+	if err := b.r.restore(ctx, b.spec, b.spec.SnapshotDir, ""); err != nil {
 		return err
 	}
 	return b.Exec(ctx, io.Discard, "true")
@@ -122,7 +122,7 @@ func (b *Bare) Fork(ctx context.Context) error {
 		os.RemoveAll(b.r.sandboxDir(cp.SandboxID))
 		os.RemoveAll(img)
 	}()
-	if err := b.r.start(ctx, cp, "restore", "--detach", "--background", "--image-path", img, "--bundle", b.r.bundleDir(cp.SandboxID), cp.SandboxID); err != nil {
+	if err := b.r.restore(ctx, cp, img, ""); err != nil {
 		return err
 	}
 	return b.exec(ctx, cp, io.Discard, "true")

@@ -49,7 +49,6 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs, agent string) map[string]an
 		}
 	}
 	res := spec.Resources
-	const period = 100000
 	args := []string{AgentPath, "--connect", "unix:" + RunDir + "/agent.sock"}
 	if agent == "" { // a Bare sandbox (bare.go): no agent
 		args = []string{"/bin/sleep", "infinity"}
@@ -99,7 +98,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, rootfs, agent string) map[string]an
 		"linux": map[string]any{
 			"cgroupsPath": "/space/" + spec.SandboxID,
 			"resources": map[string]any{
-				"cpu":    map[string]any{"quota": int64(res.VCPUs) * period, "period": period},
+				"cpu":    map[string]any{"quota": int64(res.VCPUs) * cpuPeriod, "period": cpuPeriod},
 				"memory": map[string]any{"limit": int64(res.MemoryMiB) << 20},
 				"pids":   map[string]any{"limit": 4096},
 			},

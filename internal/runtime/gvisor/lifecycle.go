@@ -517,7 +517,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	if _, err := r.endpoint(id); err != nil {
 		return err
 	}
-	err := r.start(ctx, spec, "restore", "--detach", "--background", "--pid-file", r.pidPath(id), "--image-path", gdir, "--bundle", r.bundleDir(id), id)
+	err := r.restore(ctx, spec, gdir, r.pidPath(id))
 	if err != nil {
 		// Only now look closer: restored already (a retry), or a stale
 		// container of the same id in the way.
@@ -529,7 +529,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 			return r.ready(ctx, spec, false)
 		case st != nil:
 			r.runsc(ctx, spec, "delete", "--force", id)
-			err = r.start(ctx, spec, "restore", "--detach", "--background", "--pid-file", r.pidPath(id), "--image-path", gdir, "--bundle", r.bundleDir(id), id)
+			err = r.restore(ctx, spec, gdir, r.pidPath(id))
 		}
 		if err != nil {
 			return err
@@ -586,6 +586,13 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 	st, err := r.state(ctx, spec)
 	if err != nil {
 		return "", err
+	}
+	if st != nil && (st.Status == "running" || st.Status == "paused") {
+		// A server that ended between a restore and its CPU limit (cpu.go)
+		// left the sandbox without one.
+		if err := limitCPU(spec.SandboxID, spec.Resources.VCPUs); err != nil {
+			r.log.Warn("gvisor: limit the CPU of a sandbox found running", "sandbox_id", spec.SandboxID, "err", err)
+		}
 	}
 	switch {
 	case st != nil && st.Status == "running":

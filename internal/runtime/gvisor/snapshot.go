@@ -191,7 +191,7 @@ func (r *Runtime) restoreFrom(ctx context.Context, spec runtime.Spec, image stri
 		return fmt.Errorf("link the image: %w", err)
 	}
 	t1 := time.Now()
-	if err := r.start(ctx, spec, "restore", "--detach", "--background", "--pid-file", r.pidPath(id), "--image-path", own, "--bundle", r.bundleDir(id), id); err != nil {
+	if err := r.restore(ctx, spec, own, r.pidPath(id)); err != nil {
 		return err
 	}
 	t2 := time.Now()

@@ -17,6 +17,32 @@ import (
 	"github.com/spacesandbox/space/internal/sandbox"
 )
 
+// testRuntime gives a function opening the runtime over one state
+// directory (each call: a new server over the same host) and one making the
+// spec of a new sandbox of the test template (1 vCPU, 256 MiB), deleted at
+// the end of the test.
+func testRuntime(t *testing.T) (open func() *Runtime, newSpec func() runtime.Spec) {
+	runsc, _ := runtimetest.RequireRunsc(t)
+	agent := runtimetest.BuildAgent(t)
+	store, tpl := runtimetest.TestTemplate(t)
+	dir := t.TempDir()
+	t.Cleanup(func() { syscall.Unmount(filepath.Join(dir, "runsc", "null-netns"), syscall.MNT_DETACH) })
+	open = func() *Runtime {
+		r, err := New(Config{Runsc: runsc, Dir: dir, AgentBin: agent, Templates: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	newSpec = func() runtime.Spec {
+		spec := runtime.Spec{SandboxID: ids.New(ids.Sandbox), Template: sandbox.TemplateRef{Ref: "test:latest", Digest: tpl.Digest},
+			Resources: sandbox.Resources{VCPUs: 1, MemoryMiB: 256, DiskMiB: 256}, SnapshotDir: filepath.Join(t.TempDir(), "snapshot")}
+		t.Cleanup(func() { open().Delete(context.Background(), spec) })
+		return spec
+	}
+	return open, newSpec
+}
+
 // A server killed in the middle of a suspend — after its checkpoint was
 // written and the sandbox's process killed, before the save was marked
 // current — leaves a sandbox whose process may still be going away when
@@ -24,24 +50,11 @@ import (
 // used to try a checkpoint of the dying process, fail, and lose the
 // sandbox), and the sandbox wakes from it with its files.
 func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
-	runsc, _ := runtimetest.RequireRunsc(t)
-	agent := runtimetest.BuildAgent(t)
-	store, tpl := runtimetest.TestTemplate(t)
-	dir := t.TempDir()
-	t.Cleanup(func() { syscall.Unmount(filepath.Join(dir, "runsc", "null-netns"), syscall.MNT_DETACH) })
-	open := func() *Runtime {
-		r, err := New(Config{Runsc: runsc, Dir: dir, AgentBin: agent, Templates: store})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	open, newSpec := testRuntime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	r := open()
-	spec := runtime.Spec{SandboxID: ids.New(ids.Sandbox), Template: sandbox.TemplateRef{Ref: "test:latest", Digest: tpl.Digest},
-		Resources: sandbox.Resources{VCPUs: 1, MemoryMiB: 256, DiskMiB: 256}, SnapshotDir: filepath.Join(t.TempDir(), "snapshot")}
-	t.Cleanup(func() { open().Delete(context.Background(), spec) })
+	spec := newSpec()
 	if err := r.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
