@@ -23,8 +23,9 @@ const cpuPeriod = 100000
 // two-core host a restore of 200 MiB took 300–400 ms under the limit and
 // 240–270 ms without it. So a restore runs from a bundle without the CPU
 // limit, and the limit is put on the sandbox's cgroup as soon as runsc
-// returns, before anything in the sandbox is asked to do work. Memory and
-// pid limits stay in the bundle. The kernel keeps the CPU count it was
+// returns (the sandbox's processes run from then: about a millisecond
+// without it), before the agent is waited for. Memory and pid limits stay
+// in the bundle. The kernel keeps the CPU count it was
 // checkpointed with (runsc derives it from the limit only at first boot).
 
 // restore runs `runsc restore` of image as spec's sandbox (its pid written
