@@ -32,6 +32,11 @@ type Bare interface {
 	// from the save until the copy can run a command; the copy is gone
 	// when Fork returns.
 	Fork(ctx context.Context) error
+	// FromSave starts a second sandbox from the last Suspend's save,
+	// leaving the save as it was for the next start (as a snapshot must
+	// be), until the copy can run a command; the copy is gone when it
+	// returns.
+	FromSave(ctx context.Context) error
 	Delete(ctx context.Context) error
 	Close() error
 }
@@ -66,6 +71,7 @@ const (
 	bareSuspend bareKey = "suspend"
 	bareWake    bareKey = "wake"
 	bareFork    bareKey = "fork"
+	bareFrom    bareKey = "from_save"
 )
 
 // bareNotes says what a row's bare column measured, where it is not the
@@ -76,6 +82,7 @@ var bareNotes = map[bareKey]string{
 	bareHead:   "the command's stdout on a host pipe",
 	bareWake:   "restore + first command",
 	bareFork:   "save leaving the sandbox running + restore a copy + first command",
+	bareFrom:   "restore a copy of a save, which stays as it was + first command",
 }
 
 // countWriter counts what is written to it.
@@ -164,6 +171,11 @@ func (b *bench) bareRows(ctx context.Context, bare Bare) (map[bareKey][]float64,
 			return nil, fmt.Errorf("bare suspend: %w", err)
 		}
 		ms(bareSuspend, start)
+		start = time.Now()
+		if err := bare.FromSave(ctx); err != nil {
+			return nil, fmt.Errorf("bare start from a save: %w", err)
+		}
+		ms(bareFrom, start)
 		start = time.Now()
 		if err := bare.Wake(ctx); err != nil {
 			return nil, fmt.Errorf("bare wake: %w", err)

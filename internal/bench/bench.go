@@ -341,7 +341,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			froms = append(froms, time.Since(start))
 			c.Lifecycle(ctx, "delete", out.Sandbox.ID, "")
 		}
-		rep.Rows = append(rep.Rows, latencyRow(bareWake, fmt.Sprintf("create from a snapshot → running (%d MiB dirty)", cfg.DirtyMiB), "≤ create from the template", froms))
+		rep.Rows = append(rep.Rows, latencyRow(bareFrom, fmt.Sprintf("create from a snapshot → running (%d MiB dirty)", cfg.DirtyMiB), "≤ create from the template", froms))
 	}
 
 	say("control-plane reads for %.0fs", cfg.ReadSeconds)

@@ -175,6 +175,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 				return
 			}
 			spec := e.spec(fsb)
+			spec.TakeImage = len(op.Sandboxes) == 1
 			if err := e.attach(ctx, rt, fsb, &spec, true); err != nil {
 				errs[i] = err
 				return

@@ -34,6 +34,10 @@ type Spec struct {
 	// can start from it while the source is brought back. A Snapshot that
 	// fails after calling it may leave dir behind: the caller removes it.
 	Saved func()
+	// TakeImage, set for CreateFrom, says the image is this sandbox's
+	// alone and goes once it runs (a fork's own save with one copy): a
+	// runtime that would copy the image's files may move them instead.
+	TakeImage bool
 }
 
 // NetKind is how a runtime plugs a sandbox into its network.

@@ -112,17 +112,29 @@ func (b *Bare) Fork(ctx context.Context) error {
 	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint("--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
 		return err
 	}
+	defer os.RemoveAll(img)
+	return b.runCopy(ctx, "bare-fork", img)
+}
+
+// FromSave restores the last Suspend's save as a second sandbox and runs
+// its first command, then deletes the copy (runsc only reads the image).
+func (b *Bare) FromSave(ctx context.Context) error {
+	return b.runCopy(ctx, "bare-copy", b.spec.SnapshotDir)
+}
+
+// runCopy restores image as sandbox id (its own bundle and overlay), runs
+// its first command and deletes it.
+func (b *Bare) runCopy(ctx context.Context, id, image string) error {
 	cp := b.spec
-	cp.SandboxID = "bare-fork"
+	cp.SandboxID = id
 	if err := b.r.writeBundle(cp, b.rootfs, ""); err != nil {
 		return err
 	}
 	defer func() {
 		b.r.runsc(context.WithoutCancel(ctx), cp, "delete", "--force", cp.SandboxID)
 		os.RemoveAll(b.r.sandboxDir(cp.SandboxID))
-		os.RemoveAll(img)
 	}()
-	if err := b.r.restore(ctx, cp, img, ""); err != nil {
+	if err := b.r.restore(ctx, cp, image, ""); err != nil {
 		return err
 	}
 	return b.exec(ctx, cp, io.Discard, "true")

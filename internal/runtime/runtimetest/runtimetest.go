@@ -404,8 +404,8 @@ func BuildAgent(t *testing.T) string {
 
 // RunBare drives a bare sandbox through every row's work: create, a
 // command (stdout only: stderr is not its output), pause, resume, suspend,
-// wake and fork keep its files, a failing command is an error, and Close
-// removes dir.
+// a start from the save (which leaves the save as it was), wake and fork
+// keep its files, a failing command is an error, and Close removes dir.
 func RunBare(t *testing.T, ctx context.Context, b bench.Bare, dir string) {
 	t.Helper()
 	run := func(argv ...string) string {
@@ -423,11 +423,11 @@ func RunBare(t *testing.T, ctx context.Context, b bench.Bare, dir string) {
 	for _, step := range []struct {
 		name string
 		do   func(context.Context) error
-	}{{"pause", b.Pause}, {"resume", b.Resume}, {"suspend", b.Suspend}, {"wake", b.Wake}, {"fork", b.Fork}} {
+	}{{"pause", b.Pause}, {"resume", b.Resume}, {"suspend", b.Suspend}, {"from save", b.FromSave}, {"from save again", b.FromSave}, {"wake", b.Wake}, {"fork", b.Fork}} {
 		must(t, step.name, step.do(ctx))
 	}
 	if got := run("cat", "/tmp/f"); got != "hi\n" {
-		t.Fatalf("after suspend, wake and fork: %q", got)
+		t.Fatalf("after suspend, starts from the save, wake and fork: %q", got)
 	}
 	if err := b.Exec(ctx, io.Discard, "false"); err == nil {
 		t.Fatal("a failing command is no error")

@@ -142,6 +142,8 @@ func (b *Bare) Note(row string) string {
 		return "QEMU -incoming over the RAM file + device state, until the guest's agent answers"
 	case "fork":
 		return "stop + device state + copies of RAM file and disk + cont, then a second QEMU from them until its agent answers"
+	case "from_save":
+		return "copies of a save's RAM file and disk (the save stays as it was), QEMU -incoming over them, until the guest's agent answers"
 	}
 	return ""
 }
@@ -186,6 +188,28 @@ func (b *Bare) Fork(ctx context.Context) error {
 		}
 	}
 	return b.r.load(ctx, cp, filepath.Join(img, "vmstate"))
+}
+
+// FromSave starts a second VM from the last Suspend's save until its agent
+// answers, then deletes it: copies of the RAM file and disk (the VM writes
+// into both, and the save must stay as it was for the next start), QEMU
+// -incoming loading the saved device state.
+func (b *Bare) FromSave(ctx context.Context) error {
+	cp := b.spec
+	cp.SandboxID, cp.SnapshotDir = bareID+"-copy", filepath.Join(b.r.cfg.Dir, "copy-save")
+	defer b.r.Delete(context.WithoutCancel(ctx), cp)
+	if err := os.MkdirAll(b.r.sandboxDir(cp.SandboxID), 0o700); err != nil {
+		return err
+	}
+	for _, f := range []struct{ from, to string }{{b.r.memPath(b.spec.SandboxID), b.r.memPath(cp.SandboxID)}, {b.r.diskPath(b.spec.SandboxID), b.r.diskPath(cp.SandboxID)}} {
+		if err := copySparse(f.from, f.to); err != nil {
+			return err
+		}
+	}
+	if err := copySparse(filepath.Join(b.r.sandboxDir(b.spec.SandboxID), "agent.key"), filepath.Join(b.r.sandboxDir(cp.SandboxID), "agent.key")); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return b.r.load(ctx, cp, statePath(b.spec))
 }
 
 // Delete ends the VM and removes its files (absent is success).

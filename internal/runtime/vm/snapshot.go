@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -277,7 +278,20 @@ func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string)
 		return nil
 	}
 	for _, f := range []struct{ from, to string }{{"mem", r.memPath(id)}, {"disk.qcow2", r.diskPath(id)}, {"agent.key", filepath.Join(r.sandboxDir(id), "agent.key")}} {
-		if err := copySparse(filepath.Join(dir, f.from), f.to); err != nil {
+		from := filepath.Join(dir, f.from)
+		if spec.TakeImage {
+			// The image is this copy's alone: its RAM file and disk are
+			// moved, not copied (the copy a fork of one would otherwise
+			// make twice). A retry after a crash that moved them finds
+			// them gone and fails: the fork fails, its source runs on.
+			if err := os.Rename(from, f.to); err == nil || !errors.Is(err, syscall.EXDEV) {
+				if err != nil && !(f.from == "agent.key" && errors.Is(err, os.ErrNotExist)) {
+					return fmt.Errorf("take %s: %w", f.from, err)
+				}
+				continue
+			}
+		}
+		if err := copySparse(from, f.to); err != nil {
 			if f.from == "agent.key" && errors.Is(err, os.ErrNotExist) {
 				continue // saved from a sandbox whose agent is not bound
 			}
