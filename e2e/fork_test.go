@@ -245,16 +245,24 @@ func TestSnapshots(t *testing.T) {
 	s.start()
 	for i, snap := range snaps {
 		for j := 0; j < 2; j++ {
-			r := s.do("POST", "/v1/sandboxes", s.token, []byte(`{"snapshot":"`+snap+`","network":{"egress":"none"}}`))
 			var c struct {
 				Sandbox struct {
 					ID, Snapshot, Runtime string
 				}
 				Operation struct{ ID string }
 			}
-			r.json(t, &c)
-			if r.status != 202 || c.Sandbox.Snapshot != snap || c.Sandbox.Runtime != rts[i] {
-				t.Fatalf("create from snapshot = %d %s", r.status, r.body)
+			if j == 1 {
+				// The second through the CLI.
+				out, stderr, code := s.runCLI("sandbox", "create", "--snapshot", snap, "--json")
+				if err := json.Unmarshal([]byte(out), &c); code != 0 || err != nil || c.Sandbox.Snapshot != snap || c.Sandbox.Runtime != rts[i] {
+					t.Fatalf("space sandbox create --snapshot = %d %v %s %s", code, err, out, stderr)
+				}
+			} else {
+				r := s.do("POST", "/v1/sandboxes", s.token, []byte(`{"snapshot":"`+snap+`","network":{"egress":"none"}}`))
+				r.json(t, &c)
+				if r.status != 202 || c.Sandbox.Snapshot != snap || c.Sandbox.Runtime != rts[i] {
+					t.Fatalf("create from snapshot = %d %s", r.status, r.body)
+				}
 			}
 			if op := s.waitOp(c.Operation.ID); op.State != "succeeded" {
 				t.Fatalf("create from snapshot failed: %+v\n%s", op.Error, s.log())

@@ -53,6 +53,7 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 	switch args[0] {
 	case "create":
 		fs.StringVar(&req.Template, "template", "", "template (default seed:latest)")
+		fs.StringVar(&req.Snapshot, "snapshot", "", "start from this snapshot (snap_…) instead of a template: its memory, processes and files")
 		fs.StringVar(&req.Runtime, "runtime", "", "runtime: vm or gvisor (default: the server's)")
 		fs.IntVar(&res.VCPUs, "vcpus", 0, "vCPUs")
 		fs.IntVar(&res.MemoryMiB, "memory", 0, "memory in MiB")
