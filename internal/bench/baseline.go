@@ -133,16 +133,18 @@ func (b *bench) bareRows(ctx context.Context, bare Bare) (map[bareKey][]float64,
 			{bareDD, ddArgv(b.cfg.StreamBytes)},
 			{bareHead, headArgv(b.cfg.StreamBytes)},
 		} {
-			say("stdout %s", s.argv)
-			var w countWriter
-			start := time.Now()
-			if err := bare.Exec(ctx, &w, s.argv...); err != nil {
-				return nil, err
+			say("stdout %s, %d runs", s.argv, streamRuns(b.cfg.Runs))
+			for range streamRuns(b.cfg.Runs) {
+				var w countWriter
+				start := time.Now()
+				if err := bare.Exec(ctx, &w, s.argv...); err != nil {
+					return nil, err
+				}
+				if w.n.Load() != b.cfg.StreamBytes {
+					return nil, fmt.Errorf("bare %v: %d bytes, want %d", s.argv, w.n.Load(), b.cfg.StreamBytes)
+				}
+				rows[s.k] = append(rows[s.k], float64(b.cfg.StreamBytes)/(1<<20)/time.Since(start).Seconds())
 			}
-			if w.n.Load() != b.cfg.StreamBytes {
-				return nil, fmt.Errorf("bare %v: %d bytes, want %d", s.argv, w.n.Load(), b.cfg.StreamBytes)
-			}
-			rows[s.k] = []float64{float64(b.cfg.StreamBytes) / (1 << 20) / time.Since(start).Seconds()}
 		}
 	}
 	say("pause/resume, %d runs", b.cfg.Runs)

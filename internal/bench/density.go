@@ -66,14 +66,14 @@ func Density(ctx context.Context, cfg Config) (*Report, error) {
 	time.Sleep(5 * time.Second)
 	avail1, memErr := memAvailable()
 	rss1, rssErr := serverRSS(ctx, cfg)
-	rep.Rows = append(rep.Rows, rateRow("density_held", fmt.Sprintf("idle running sandboxes held at once (created 4 at a time in %.0f s)", held.Seconds()), "sandboxes", "1,000 on 24 GiB, 2 cores", float64(n)))
+	rep.Rows = append(rep.Rows, rateRow("density_held", fmt.Sprintf("idle running sandboxes held at once (created 4 at a time in %.0f s)", held.Seconds()), "sandboxes", "1,000 on 24 GiB, 2 cores", []float64{float64(n)}))
 	rep.Rows = append(rep.Rows, latencyRow("density_create", fmt.Sprintf("create → running while filling to %d", n), "", creates))
 	if memErr == nil && avail0 > 0 {
 		per := float64(avail0-avail1) / float64(n) / (1 << 20)
-		rep.Rows = append(rep.Rows, rateRow("density_memory", "host memory per idle sandbox (fall in MemAvailable / sandboxes)", "MiB", "", per))
+		rep.Rows = append(rep.Rows, rateRow("density_memory", "host memory per idle sandbox (fall in MemAvailable / sandboxes)", "MiB", "", []float64{per}))
 	}
 	if rssErr == nil && rss1 > 0 {
-		rep.Rows = append(rep.Rows, rateRow("density_server", fmt.Sprintf("server resident memory with %d sandboxes (was %.0f MiB)", n, float64(rss0)/(1<<20)), "MiB", "", float64(rss1)/(1<<20)))
+		rep.Rows = append(rep.Rows, rateRow("density_server", fmt.Sprintf("server resident memory with %d sandboxes (was %.0f MiB)", n, float64(rss0)/(1<<20)), "MiB", "", []float64{float64(rss1) / (1 << 20)}))
 	}
 
 	reads := max(1000, 2*n)
