@@ -284,12 +284,13 @@ func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string)
 			// moved, not copied (the copy a fork of one would otherwise
 			// make twice). A retry after a crash that moved them finds
 			// them gone and fails: the fork fails, its source runs on.
-			if err := os.Rename(from, f.to); err == nil || !errors.Is(err, syscall.EXDEV) {
-				if err != nil && !(f.from == "agent.key" && errors.Is(err, os.ErrNotExist)) {
-					return fmt.Errorf("take %s: %w", f.from, err)
-				}
+			err := os.Rename(from, f.to)
+			switch {
+			case err == nil, f.from == "agent.key" && errors.Is(err, os.ErrNotExist):
 				continue
-			}
+			case !errors.Is(err, syscall.EXDEV):
+				return fmt.Errorf("take %s: %w", f.from, err)
+			} // on another file system: copied
 		}
 		if err := copySparse(from, f.to); err != nil {
 			if f.from == "agent.key" && errors.Is(err, os.ErrNotExist) {
