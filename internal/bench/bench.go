@@ -213,20 +213,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// every sandbox the create row made (idle VMs under TCG cost CPU).
 	for i := 0; i < creates; i++ {
 		id, d, err := b.create(ctx)
+		if id != "" {
+			made = append(made, id)
+		}
 		if err != nil {
-			if id != "" {
-				made = append(made, id)
-			}
 			return nil, err
 		}
 		ds = append(ds, d)
 		if i < creates-1 {
 			deleted(ctx, c, id)
-		} else {
-			made = append(made, id)
 		}
 	}
-	id := made[0]
+	id := made[len(made)-1]
 	if cfg.EgressURL != "" {
 		say("egress: download and %d new connections from %s", cfg.Runs, cfg.EgressURL)
 		rows, err := b.egressRows(ctx, id)
