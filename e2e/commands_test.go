@@ -192,7 +192,7 @@ func testCommandLargeOutput(t *testing.T, rt string) {
 		"head -c 104857600 /dev/urandom > /tmp/space-e2e-big.$$; sha256sum /tmp/space-e2e-big.$$ >&2; cat /tmp/space-e2e-big.$$; rm /tmp/space-e2e-big.$$"}})
 	sum := sha256.Sum256(tr.stdout)
 	if len(tr.stdout) != 100<<20 || !strings.HasPrefix(string(tr.stderr), hex.EncodeToString(sum[:])) || *tr.exitCode != 0 {
-		t.Fatalf("got %d bytes, sum %x, stderr %q", len(tr.stdout), sum, tr.stderr)
+		t.Fatalf("got %d bytes, sum %x, stderr %q, resync %v", len(tr.stdout), sum, tr.stderr, strings.Contains(strings.Join(tr.events, ","), "resync"))
 	}
 	if strings.Contains(strings.Join(tr.events, ","), "resync") {
 		t.Fatal("an attached reader lost output")

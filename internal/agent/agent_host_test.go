@@ -501,3 +501,45 @@ func TestAgentOnHostHangUpCancelsLongPolls(t *testing.T) {
 		t.Fatal("Serve still waits for a long poll of a host that hung up")
 	}
 }
+
+// A process whose reader is slow may exit with output still in its pipe
+// while the window is full (its reader holds its place): that output waits
+// for the reader, however long it is held back — the grace for background
+// children that keep a pipe open counts only time spent waiting for the
+// pipe (before, the pipe was closed a second after the exit and up to a
+// pipe's worth of output vanished without a resync).
+func TestAgentOnHostSlowReaderGetsOutputLeftInThePipe(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const size = 3 << 20 // a 2 MiB window nearly full, a read in hand, the rest in the pipe
+	id := "slow-reader"
+	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: id, Argv: []string{"head", "-c", fmt.Sprint(size), "/dev/urandom"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartProcessFor(ctx, proto.StartRequest{ID: id, Subscriber: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	// The process writes it all and exits at once; the reader stays away
+	// for longer than the grace, holding its place.
+	for range 3 {
+		c.Hold(ctx, id, "test", 0)
+		time.Sleep(time.Second)
+	}
+	r := drain(t, ctx, c, id, 0)
+	if r.stdout.Len() != size || r.resyncs != 0 {
+		t.Fatalf("slow reader got %d bytes of %d, %d resyncs", r.stdout.Len(), size, r.resyncs)
+	}
+}
+
+// A background child that keeps the pipe open does not keep its parent's
+// exit from being reported: after a second of waiting for the pipe, the
+// output ends with what arrived.
+func TestAgentOnHostBackgroundChildDoesNotHoldTheExit(t *testing.T) {
+	c, _ := startAgentOnHost(t)
+	start := time.Now()
+	r := run(t, c, proto.ProcessSpec{ID: "background-child", Argv: []string{"sh", "-c", "sleep 30 & echo started"}})
+	if took := time.Since(start); r.stdout.String() != "started\n" || exitCode(t, r) != 0 || took > 10*time.Second {
+		t.Fatalf("output %q, exit %d after %s", r.stdout.String(), exitCode(t, r), took)
+	}
+}

@@ -211,8 +211,13 @@ func stdio(p *process, cmd *exec.Cmd, spec proto.ProcessSpec) (readers, closeAft
 			return nil, nil, proto.Errorf("start_failed", "pipe: %v", err)
 		}
 		// A larger pipe lets a fast writer run ahead between reads
-		// (best effort: the default 64 KiB stays where refused).
-		unix.FcntlInt(r.Fd(), unix.F_SETPIPE_SZ, pipeSize)
+		// (best effort: the default 64 KiB stays where refused). Through
+		// SyscallConn, not Fd: Fd puts the pipe in blocking mode, and a
+		// read blocked there does not end when the pipe is closed — a
+		// background child holding it open held its parent's exit.
+		if rc, err := r.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize) })
+		}
 		*dst = w
 		readers = append(readers, r)
 		closeAfterStart = append(closeAfterStart, w)
@@ -264,9 +269,7 @@ func (a *Agent) watch(p *process, pid int, readers []*os.File, exited <-chan sys
 		// that keeps the pipe open gets a short grace, then loses it.
 		drained := make(chan struct{})
 		go func() { wg.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-time.After(time.Second):
+		if !awaitDrained(drained, p.out, drainGrace) {
 			for _, f := range readers {
 				f.Close()
 			}
@@ -294,6 +297,30 @@ func (a *Agent) watch(p *process, pid int, readers []*os.File, exited <-chan sys
 		a.log.Info("process exited", "process_id", spec.ID, "pid", pid, "exit_code", code)
 		a.forgetOld()
 	}()
+}
+
+// drainGrace is how long the output pumps of an exited process may run on
+// (a background child holding its pipe open) before the pipes are closed.
+const drainGrace = time.Second
+
+// awaitDrained waits until drained is closed (true), or until the pumps
+// have had grace of their own time since the call (false). Time the window
+// held them back, waiting for a slow reader to make room, does not count:
+// what the process wrote before it exited may still be in its pipe, and
+// closing the pipe then would lose it with no resync to tell the reader.
+func awaitDrained(drained <-chan struct{}, out *ring, grace time.Duration) bool {
+	start, held := time.Now(), out.heldBack()
+	for {
+		left := grace - (time.Since(start) - (out.heldBack() - held))
+		if left <= 0 {
+			return false
+		}
+		select {
+		case <-drained:
+			return true
+		case <-time.After(left):
+		}
+	}
 }
 
 const (

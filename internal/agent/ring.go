@@ -31,6 +31,12 @@ type ring struct {
 	done   bool   // no more output will arrive
 	notify chan struct{}
 	subs   map[string]*subscriber
+	// held is how long appends have waited for room in the window (summed
+	// over the times at least one waited); appending counts those waiting
+	// now, since heldFrom.
+	held      time.Duration
+	appending int
+	heldFrom  time.Time
 }
 
 type subscriber struct {
@@ -79,6 +85,10 @@ func (r *ring) append(stream string, data []byte) {
 			r.chunks = r.chunks[1:]
 			continue
 		}
+		if r.appending == 0 {
+			r.heldFrom = time.Now()
+		}
+		r.appending++
 		ch := r.notify
 		r.mu.Unlock()
 		select {
@@ -86,11 +96,25 @@ func (r *ring) append(stream string, data []byte) {
 		case <-time.After(r.subTTL / 4):
 		}
 		r.mu.Lock()
+		if r.appending--; r.appending == 0 {
+			r.held += time.Since(r.heldFrom)
+		}
 	}
 	r.chunks = append(r.chunks, chunk{seq: r.next, stream: stream, data: data})
 	r.size += len(data)
 	r.next++
 	r.changedLocked()
+}
+
+// heldBack is how long appends have waited so far for a reader to make
+// room in the window.
+func (r *ring) heldBack() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.appending > 0 {
+		return r.held + time.Since(r.heldFrom)
+	}
+	return r.held
 }
 
 // close records that no more output will arrive.
