@@ -92,12 +92,18 @@ func TestRestoredSandboxesAreCPULimited(t *testing.T) {
 		t.Fatalf("copy: CPUs online %q, source booted with %q", got, cpus)
 	}
 
-	// The server ended between the copy's restore and its limit.
-	os.WriteFile(filepath.Join("/sys/fs/cgroup/cpu/space", cp.SandboxID, "cpu.cfs_quota_us"), []byte("-1"), 0)
-	os.WriteFile(filepath.Join("/sys/fs/cgroup/space", cp.SandboxID, "cpu.max"), []byte("max 100000"), 0)
-	if q := cpuQuota(t, cp.SandboxID); q == limited {
-		t.Fatal("the limit could not be lifted to simulate the ended server")
+	// The server ended between a restore and its limit: the next server's
+	// Recover puts it on, as does a wake retried on a sandbox it finds
+	// restored already.
+	unlimit := func(id string) {
+		t.Helper()
+		os.WriteFile(filepath.Join("/sys/fs/cgroup/cpu/space", id, "cpu.cfs_quota_us"), []byte("-1"), 0)
+		os.WriteFile(filepath.Join("/sys/fs/cgroup/space", id, "cpu.max"), []byte("max 100000"), 0)
+		if q := cpuQuota(t, id); q == limited {
+			t.Fatal("the limit could not be lifted to simulate the ended server")
+		}
 	}
+	unlimit(cp.SandboxID)
 	r.Close()
 	r = open()
 	if st, err := r.Recover(ctx, cp); err != nil || st != runtime.StatusRunning {
@@ -105,5 +111,12 @@ func TestRestoredSandboxesAreCPULimited(t *testing.T) {
 	}
 	if q := cpuQuota(t, cp.SandboxID); q != limited {
 		t.Fatalf("recovered: CPU quota %s, want %s", q, limited)
+	}
+	unlimit(spec.SandboxID)
+	if err := r.Restore(ctx, spec); err != nil {
+		t.Fatalf("wake retried on a sandbox restored already: %v", err)
+	}
+	if q := cpuQuota(t, spec.SandboxID); q != limited {
+		t.Fatalf("wake retried on a sandbox restored already: CPU quota %s, want %s", q, limited)
 	}
 }

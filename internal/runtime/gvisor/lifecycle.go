@@ -174,9 +174,12 @@ func (r *Runtime) prepare(ctx context.Context, spec runtime.Spec, keyDir string)
 // started says runsc just started it (so its pid file is fresh).
 func (r *Runtime) ready(ctx context.Context, spec runtime.Spec, started bool) error {
 	// Found running by a retry, its restore may be an earlier server's that
-	// ended before the CPU limit (cpu.go); on any other path this rewrites it.
-	if err := limitCPU(spec.SandboxID, spec.Resources.VCPUs); err != nil {
-		return fmt.Errorf("limit the CPU of %s: %w", spec.SandboxID, err)
+	// ended before the CPU limit (cpu.go). One runsc just started has it:
+	// from its bundle (run) or from restore.
+	if !started {
+		if err := limitCPU(spec.SandboxID, spec.Resources.VCPUs); err != nil {
+			return fmt.Errorf("limit the CPU of %s: %w", spec.SandboxID, err)
+		}
 	}
 	if err := r.waitAgent(ctx, spec.SandboxID); err != nil {
 		return err
