@@ -14,15 +14,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spacesandbox/space/internal/agent"
 )
@@ -74,34 +71,8 @@ func main() {
 		err := a.ServePort(ctx, target)
 		log.Info("serial port closed", "err", err)
 	case "unix":
-		// Redial quickly: after a restore the host is usually listening
-		// already, and a long backoff saved into the snapshot would delay
-		// every wake. A failed unix connect costs microseconds.
-		first, most := 2*time.Millisecond, 50*time.Millisecond
-		backoff := first
-		wait := func() {
-			time.Sleep(backoff)
-			if backoff < most {
-				backoff *= 2
-			}
-		}
-		for {
-			conn, err := net.Dial("unix", target)
-			if err != nil {
-				wait()
-				continue
-			}
-			err = a.Serve(ctx, conn)
-			conn.Close()
-			if errors.Is(err, agent.ErrNoHost) {
-				wait() // accepted and closed at once
-				continue
-			}
-			backoff = first
-			if err != nil {
-				log.Warn("host connection ended", "err", err)
-			}
-		}
+		err := a.ServeUnix(ctx, target)
+		log.Info("host connection loop ended", "err", err)
 	default:
 		fmt.Fprintf(os.Stderr, "space-agent: --connect %q: want unix:PATH, file:PATH or stdio\n", *connect)
 		os.Exit(2)

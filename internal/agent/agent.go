@@ -17,6 +17,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agent/proto"
@@ -64,6 +65,8 @@ type Agent struct {
 
 	cpuMu   sync.Mutex // guards cpuPrev
 	cpuPrev cpuTimes   // /proc/stat at the previous metrics call
+
+	redials atomic.Bool // served by ServeUnix: said in the hello
 }
 
 // New returns an agent.
@@ -145,7 +148,7 @@ func (a *Agent) Serve(ctx context.Context, conn io.ReadWriteCloser) error {
 		}
 		// The nonce is echoed: on a channel that outlives its host (a VM's
 		// serial port) the host tells this answer from a stale one.
-		reply := proto.Hello{Version: ver, Agent: Name, Ready: ver != 0, Nonce: hello.Nonce}
+		reply := proto.Hello{Version: ver, Agent: Name, Ready: ver != 0, Nonce: hello.Nonce, Redials: a.redials.Load()}
 		if key := a.bindKey(hello.Bind); key != nil && hello.Nonce != "" {
 			reply.Proof = proto.Prove(key, hello.Nonce)
 		}

@@ -219,6 +219,11 @@ type Hello struct {
 	Nonce string `json:"nonce,omitempty"`
 	Bind  string `json:"bind,omitempty"`
 	Proof string `json:"proof,omitempty"`
+	// Redials (agent → host): on SIGCONT the agent looks at its connection
+	// and dials the host again if it is gone (agent.ServeUnix). A host
+	// that closed the connection without the agent hearing of it (a gVisor
+	// checkpoint that leaves the sandbox running) can then get it back.
+	Redials bool `json:"redials,omitempty"`
 }
 
 // Prove is the proof of holding key for a connection's nonce: hex
