@@ -103,6 +103,12 @@ type Runtime struct {
 	// runsc has made its shared empty network-namespace mount; concurrent
 	// first starts would each mount it.
 	firstStart sync.Mutex
+
+	// redialSignal and redialWait: how a sandbox left running by a save is
+	// told to dial again, and how long it is given (snapshot.go). Tests
+	// change them to stand for an agent that does not.
+	redialSignal string
+	redialWait   time.Duration
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -117,7 +123,7 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir)}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir), redialSignal: "CONT", redialWait: 10 * time.Second}
 	var err error
 	if r.agentDigest, err = r.keepAgent(); err != nil {
 		return nil, err

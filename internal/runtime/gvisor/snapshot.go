@@ -12,31 +12,37 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
 var _ runtime.Snapshotter = (*Runtime)(nil)
 
-// Snapshot saves a running or paused sandbox and brings it back from the
-// save in place: runsc checkpoints it (--leave-running, so a failed save —
-// a full disk — leaves it as it was), ends it, and restores it from the
-// image under the same id, bundle and network; its processes go on. The
-// sandbox is held still for the save and the restore (about a second), not
-// left running through the checkpoint: a gVisor sandbox left running by
-// `checkpoint --leave-running` can no longer connect to host sockets, so
-// its agent could never dial the host again. The image holds memory, kernel
-// state and the overlay's files, and the agent's key (host-only), so a copy
-// can prove itself to its own endpoint. With spec.Saved the image is
-// published in dir as soon as it is complete, before the restore in place,
-// so the caller's copies restore beside the source.
+// Snapshot saves a running or paused sandbox, which runs on: runsc
+// checkpoints it with --leave-running (a failed save — a full disk — leaves
+// it as it was), and its processes go on from the instant of the save. The
+// save closes the agent's host connection without the agent hearing of it
+// (gVisor drops host sockets at a checkpoint and wakes no one), so the host
+// sends SIGCONT and the agent dials again (agent.ServeUnix). A sandbox whose
+// agent predates that, or does not come back, is instead ended and restored
+// from the save in place under the same id, bundle and network (about a
+// second; what it did after the save is done again). The image holds
+// memory, kernel state and the overlay's files, and the agent's key
+// (host-only), so a copy can prove itself to its own endpoint. With
+// spec.Saved the image is published in dir as soon as it is complete, so the
+// caller's copies restore beside the source.
 func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) error {
 	id := spec.SandboxID
 	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
 		return err
 	}
 	if _, err := os.Stat(dir); err == nil {
-		return nil // saved already (a retry after a crash)
+		// Saved already: a retry after a crash. One between the save and
+		// the agent's redial left the agent waiting on a connection the
+		// save closed; tell it to look (it changes nothing otherwise).
+		r.runsc(ctx, spec, "kill", id, r.redialSignal)
+		return nil
 	}
 	st, err := r.state(ctx, spec)
 	if err != nil {
@@ -67,24 +73,35 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		repause()
 		return err
 	}
-	// From here the sandbox's process is replaced: not a death to report.
-	// The agent's endpoint stays as it is (the same socket file): the
-	// checkpoint drops the agent's connection and the restored agent dials
-	// that socket again (a re-created socket file would not be reached).
-	r.exits.Stop(id)
+	// A sandbox whose agent dials again when told runs on through the save:
+	// its processes go on from the instant of the save. Otherwise its
+	// process is replaced (ended and restored from the save), which is not
+	// a death to report. The agent's endpoint stays as it is (the same
+	// socket file): the checkpoint drops the agent's connection and the
+	// agent dials that socket again (a re-created socket file would not be
+	// reached).
+	agent := r.redialingAgent(ctx, id)
+	restart := agent == nil
+	if restart {
+		r.exits.Stop(id)
+	}
 	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", tmp, id)...); err != nil {
-		r.watch(ctx, spec, false)
+		if restart {
+			r.watch(ctx, spec, false)
+		}
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")
 		}
 		return err
 	}
-	// End it at once: what it does between the save and this delete is
-	// done again after the restore (output included), so that window is
-	// kept as short as possible.
-	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
-		return err
+	if restart {
+		// End it at once: what it does between the save and this delete is
+		// done again after the restore (output included), so that window is
+		// kept as short as possible.
+		if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
+			return err
+		}
 	}
 	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(tmp, "agent.key")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("keep agent key: %w", err)
@@ -96,8 +113,9 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		return fmt.Errorf("sync snapshot: %w", err)
 	}
 	// The image is complete: a caller that asked is told now, so copies
-	// restore from it while the source is restored in place beside them
-	// (restores only read an image, through links of their own).
+	// restore from it while the source gets its agent back (or is restored
+	// in place) beside them (restores only read an image, through links of
+	// their own).
 	image := tmp
 	if spec.Saved != nil {
 		if err := os.Rename(tmp, dir); err != nil {
@@ -109,28 +127,21 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		image = dir
 		spec.Saved()
 	}
-	err = nil
-	if spec.Renetwork != nil {
-		// runsc took the interface's address over when the sandbox started;
-		// a start again needs it back on the interface.
-		err = spec.Renetwork(ctx)
-	}
-	if err == nil {
-		err = r.restoreInPlace(ctx, spec, image)
-	}
-	if err != nil {
-		// The save is the sandbox now: keep it as its suspend snapshot, so
-		// the sandbox is suspended (and wakes from it), never lost. A
-		// published image stays where it is for the copies: linked.
-		gen := fmt.Sprintf("gen-%d", time.Now().UnixNano())
-		keep := func(to string) error { return os.Rename(image, to) }
-		if image == dir {
-			keep = func(to string) error { return linkImage(image, to) }
+	if !restart {
+		if err := r.redial(ctx, spec, agent); err != nil {
+			// Unreachable as it is: the save is what it was a moment ago.
+			r.log.Warn("gvisor: the agent did not dial again after the save; restoring the sandbox from it", "sandbox_id", id, "err", err)
+			r.exits.Stop(id)
+			if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
+				return err
+			}
+			restart = true
 		}
-		if os.MkdirAll(spec.SnapshotDir, 0o700) == nil && keep(filepath.Join(spec.SnapshotDir, gen)) == nil {
-			markCurrent(spec.SnapshotDir, gen)
+	}
+	if restart {
+		if err := r.restartFrom(ctx, spec, image, dir); err != nil {
+			return err
 		}
-		return fmt.Errorf("restore %s after saving it (it is suspended now): %w", id, err)
 	}
 	repause()
 	if image == dir {
@@ -140,6 +151,65 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		return err
 	}
 	return syncDir(filepath.Dir(dir))
+}
+
+// redialingAgent returns the client of the sandbox's agent if that agent
+// dials again when SIGCONT finds its connection gone (proto.Hello.Redials;
+// agents older than that do not), else nil.
+func (r *Runtime) redialingAgent(ctx context.Context, id string) *agentclient.Client {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := r.endpoints.Client(ctx, id)
+	if err != nil || !c.Hello().Redials {
+		return nil
+	}
+	return c
+}
+
+// redial gets back the agent of a sandbox a checkpoint left running: the
+// save closed its host connection (old) without the agent hearing of it,
+// so it is told with a signal to look, and dials again.
+func (r *Runtime) redial(ctx context.Context, spec runtime.Spec, old *agentclient.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, r.redialWait)
+	defer cancel()
+	select {
+	case <-old.Done():
+	case <-ctx.Done():
+		return errors.New("its connection stayed open through the save")
+	}
+	if _, err := r.runsc(ctx, spec, "kill", spec.SandboxID, r.redialSignal); err != nil {
+		return fmt.Errorf("signal the agent: %w", err)
+	}
+	return r.waitAgent(ctx, spec.SandboxID)
+}
+
+// restartFrom starts the source of a save again from its image, under the
+// same id, bundle and network. If that fails the save is the sandbox now:
+// it is kept as its suspend snapshot, so the sandbox is suspended (and
+// wakes from it), never lost. An image published in dir stays where it is
+// for the copies (linked).
+func (r *Runtime) restartFrom(ctx context.Context, spec runtime.Spec, image, dir string) error {
+	var err error
+	if spec.Renetwork != nil {
+		// runsc took the interface's address over when the sandbox started;
+		// a start again needs it back on the interface.
+		err = spec.Renetwork(ctx)
+	}
+	if err == nil {
+		err = r.restoreInPlace(ctx, spec, image)
+	}
+	if err != nil {
+		gen := fmt.Sprintf("gen-%d", time.Now().UnixNano())
+		keep := func(to string) error { return os.Rename(image, to) }
+		if image == dir {
+			keep = func(to string) error { return linkImage(image, to) }
+		}
+		if os.MkdirAll(spec.SnapshotDir, 0o700) == nil && keep(filepath.Join(spec.SnapshotDir, gen)) == nil {
+			markCurrent(spec.SnapshotDir, gen)
+		}
+		return fmt.Errorf("restore %s after saving it (it is suspended now): %w", spec.SandboxID, err)
+	}
+	return nil
 }
 
 // restoreInPlace starts sandbox spec again from image, which may move or

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/runtimetest"
@@ -43,6 +44,21 @@ func testRuntime(t *testing.T) (open func() *Runtime, newSpec func() runtime.Spe
 	return open, newSpec
 }
 
+// started creates a sandbox from newSpec on r and returns it with its
+// agent.
+func started(ctx context.Context, t *testing.T, r *Runtime, newSpec func() runtime.Spec) (runtime.Spec, *agentclient.Client) {
+	t.Helper()
+	spec := newSpec()
+	if err := r.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.Agent(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec, c
+}
+
 // A server killed in the middle of a suspend — after its checkpoint was
 // written and the sandbox's process killed, before the save was marked
 // current — leaves a sandbox whose process may still be going away when
@@ -54,14 +70,7 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	r := open()
-	spec := newSpec()
-	if err := r.Create(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	c, err := r.Agent(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, c := started(ctx, t, r, newSpec)
 	if _, err := c.WriteFile(ctx, "/root/kept.txt", 0o600, strings.NewReader("kept"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +108,7 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 	if err := r.Restore(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	c, err = r.Agent(ctx, spec)
+	c, err := r.Agent(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,138 @@
+//go:build linux
+
+package gvisor
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/runtime"
+)
+
+// A snapshot (what a fork takes) leaves its source running: the same
+// sandbox process, a counting process inside going on without a restart,
+// and the agent answering again (the save closed its connection; SIGCONT
+// made it dial again). The image makes a copy that has the count too.
+func TestSnapshotLeavesTheSourceRunning(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	r := open()
+	snapshotAndCheck(t, r, newSpec, true)
+}
+
+// An agent that is not told to dial again (FAULT INJECTED: the host sends
+// a signal the agent ignores, as an agent from before it dialled again
+// would) does not come back: its sandbox is restored from the save in
+// place — a new sandbox process, the count going on from the save — and
+// the snapshot succeeds.
+func TestSnapshotRestartsASourceWhoseAgentDoesNotComeBackFaultInjected(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	r := open()
+	r.redialSignal, r.redialWait = "WINCH", 2*time.Second
+	snapshotAndCheck(t, r, newSpec, false)
+}
+
+func snapshotAndCheck(t *testing.T, r *Runtime, newSpec func() runtime.Spec, sameProcess bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec, c := started(ctx, t, r, newSpec)
+	if !c.Hello().Redials {
+		t.Fatal("the agent does not say it dials again on SIGCONT")
+	}
+	const counter = "counter"
+	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: counter, Argv: []string{"sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /root/n.tmp; mv /root/n.tmp /root/n; sleep 0.02; done"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartProcess(ctx, counter); err != nil {
+		t.Fatal(err)
+	}
+	count := func(s runtime.Spec) int {
+		t.Helper()
+		c, err := r.Agent(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		defer acancel()
+		_, b, err := c.ReadFile(actx, "/root/n", 0, 64)
+		if err != nil {
+			t.Fatalf("sandbox %s: read the count: %v", s.SandboxID, err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("sandbox %s: count %q", s.SandboxID, b)
+		}
+		return n
+	}
+	time.Sleep(300 * time.Millisecond)
+	before := count(spec)
+	pid := r.pidOf(spec.SandboxID)
+
+	img := filepath.Join(t.TempDir(), "image")
+	if err := r.Snapshot(ctx, spec, img); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.pidOf(spec.SandboxID); (got == pid) != sameProcess {
+		t.Fatalf("sandbox process %d before the snapshot, %d after; want the same: %v", pid, got, sameProcess)
+	}
+	after := count(spec)
+	time.Sleep(300 * time.Millisecond)
+	if later := count(spec); after < before || later <= after {
+		t.Fatalf("the source's count: %d before the snapshot, %d after, %d later: want it going on", before, after, later)
+	}
+	nc, err := r.Agent(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := nc.GetProcess(ctx, counter); err != nil || p.State != proto.ProcRunning {
+		t.Fatalf("the source's counting process after the snapshot: %+v %v", p, err)
+	}
+
+	cp := newSpec()
+	if err := r.CreateFrom(ctx, cp, img); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(cp); n < before {
+		t.Fatalf("the copy's count %d, below %d counted before the snapshot", n, before)
+	}
+}
+
+// A server killed between a snapshot's save and its agent's redial leaves a
+// sandbox whose agent waits on the connection the save closed. The snapshot
+// retried by the next server finds its save complete and gets the agent
+// back.
+func TestSnapshotRetriedAfterACrashGetsTheAgentBack(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, _ := started(ctx, t, r, newSpec)
+	// The killed server's snapshot, up to the save published.
+	img := filepath.Join(t.TempDir(), "image")
+	if err := os.MkdirAll(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", img, spec.SandboxID)...); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+
+	r = open()
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusRunning {
+		t.Fatalf("recovered: %v %v", st, err)
+	}
+	if err := r.Snapshot(ctx, spec, img); err != nil {
+		t.Fatalf("the retried snapshot: %v", err)
+	}
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	defer acancel()
+	if err := r.waitAgent(actx, spec.SandboxID); err != nil {
+		t.Fatalf("after the retried snapshot: %v", err)
+	}
+}
