@@ -197,6 +197,11 @@ func (b *bench) bareRows(ctx context.Context, bare Bare) (map[bareKey][]float64,
 	}
 	say("fork, %d runs", runs)
 	for i := 0; i < runs; i++ {
+		if hasExec { // as SPACE's row does
+			if err := bare.Exec(ctx, io.Discard, dirtyArgv(b.cfg.DirtyMiB)...); err != nil {
+				return nil, err
+			}
+		}
 		start := time.Now()
 		if err := bare.Fork(ctx); err != nil {
 			return nil, fmt.Errorf("bare fork: %w", err)
