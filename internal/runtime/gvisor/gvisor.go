@@ -7,7 +7,8 @@
 // read-only at /.space/agent and runs as the container's init; it dials the
 // host through a unix socket in a per-sandbox directory mounted read-only
 // at /.space/run, and dials again after a restore (gVisor closes host socket
-// connections on checkpoint). Pause is runsc pause; suspend is runsc
+// connections on checkpoint). Pause is the sentry's pause asked on runsc's
+// control socket (control.go); suspend is runsc
 // checkpoint (memory, and with it the writable layer) into the snapshot
 // directory followed by deleting the sandbox; wake restores it.
 package gvisor

@@ -188,24 +188,15 @@ func (r *Runtime) ready(ctx context.Context, spec runtime.Spec, started bool) er
 	return nil
 }
 
-// Pause freezes every task of the sandbox. The common case costs one runsc
-// call; only a refusal is looked into (already paused is success).
-// A mark is left before the pause, so a sandbox without one is surely not
-// paused (surelyRunning).
+// Pause freezes every task of the sandbox (already paused is success):
+// one call to its control server (control.go).
 func (r *Runtime) Pause(ctx context.Context, spec runtime.Spec) error {
-	if err := os.WriteFile(r.pausedMark(spec.SandboxID), nil, 0o600); err != nil {
-		return fmt.Errorf("mark paused: %w", err)
-	}
-	return r.freeze(ctx, spec, "pause", "paused")
+	return r.pauseSandbox(ctx, spec)
 }
 
 // Resume unfreezes a paused sandbox (running already is success).
 func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
-	if err := r.freeze(ctx, spec, "resume", "running"); err != nil {
-		return err
-	}
-	os.Remove(r.pausedMark(spec.SandboxID))
-	return nil
+	return r.resumeSandbox(ctx, spec)
 }
 
 func (r *Runtime) pausedMark(id string) string { return filepath.Join(r.sandboxDir(id), "paused") }
@@ -344,9 +335,14 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	if st == nil || st.Status == "stopped" {
 		return r.savedAlready(ctx, spec, st != nil)
 	}
-	wasPaused := st.Status == "paused"
+	how, err := r.frozen(ctx, spec)
+	if err != nil {
+		return err
+	}
+	wasPaused := how != ""
 	if wasPaused {
-		if _, err := r.runsc(ctx, spec, "resume", id); err != nil {
+		// runsc checkpoints running sandboxes.
+		if err := r.resumeSandbox(ctx, spec); err != nil {
 			return err
 		}
 	}
@@ -358,7 +354,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	if err := r.roomToSave(spec, gdir, "save"); err != nil {
 		os.RemoveAll(gdir)
 		if wasPaused {
-			r.runsc(ctx, spec, "pause", id)
+			r.pauseSandbox(ctx, spec)
 		}
 		return err
 	}
@@ -373,7 +369,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 		os.RemoveAll(gdir)
 		r.endpoint(id)
 		if wasPaused {
-			r.runsc(ctx, spec, "pause", id)
+			r.pauseSandbox(ctx, spec)
 		}
 		r.watch(ctx, spec, false)
 		if strings.Contains(err.Error(), "no space left") {
@@ -413,7 +409,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	}
 	// The agent's key goes with the image: a node that restores it
 	// elsewhere (a cluster's wake) lets the same agent in.
-	err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key"))
+	err = copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key"))
 	if errors.Is(err, os.ErrNotExist) {
 		err = nil
 	}
@@ -603,18 +599,19 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		}
 	}
 	switch {
-	case st != nil && st.Status == "running":
+	case st != nil && (st.Status == "running" || st.Status == "paused"):
 		if _, err := r.endpoint(spec.SandboxID); err != nil {
 			return "", err
 		}
 		r.watch(ctx, spec, false)
+		how, err := r.frozen(ctx, spec)
+		if err != nil {
+			return "", err
+		}
+		if how != "" {
+			return runtime.StatusPaused, nil
+		}
 		return runtime.StatusRunning, nil
-	case st != nil && st.Status == "paused":
-		if _, err := r.endpoint(spec.SandboxID); err != nil {
-			return "", err
-		}
-		r.watch(ctx, spec, false)
-		return runtime.StatusPaused, nil
 	case snapshotComplete(spec.SnapshotDir):
 		return runtime.StatusSuspended, nil
 	}

@@ -57,16 +57,20 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	wasPaused := st.Status == "paused"
+	how, err := r.frozen(ctx, spec)
+	if err != nil {
+		return err
+	}
+	wasPaused := how != ""
 	if wasPaused {
 		// runsc checkpoints running containers.
-		if _, err := r.runsc(ctx, spec, "resume", id); err != nil {
+		if err := r.resumeSandbox(ctx, spec); err != nil {
 			return err
 		}
 	}
 	repause := func() {
 		if wasPaused {
-			r.runsc(context.WithoutCancel(ctx), spec, "pause", id)
+			r.pauseSandbox(context.WithoutCancel(ctx), spec)
 		}
 	}
 	if err := r.roomToSave(spec, tmp, "copy"); err != nil {

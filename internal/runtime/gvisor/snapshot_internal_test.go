@@ -46,12 +46,7 @@ func snapshotAndCheck(t *testing.T, r *Runtime, newSpec func() runtime.Spec, sam
 		t.Fatal("the agent does not say it dials again on SIGCONT")
 	}
 	const counter = "counter"
-	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: counter, Argv: []string{"sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /root/n.tmp; mv /root/n.tmp /root/n; sleep 0.02; done"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.StartProcess(ctx, counter); err != nil {
-		t.Fatal(err)
-	}
+	startShell(ctx, t, c, counter, "i=0; while :; do i=$((i+1)); echo $i > /root/n.tmp; mv /root/n.tmp /root/n; sleep 0.02; done")
 	count := func(s runtime.Spec) int {
 		t.Helper()
 		c, err := r.Agent(ctx, s)

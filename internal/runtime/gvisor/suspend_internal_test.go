@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spacesandbox/space/internal/agent/proto"
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -57,6 +58,17 @@ func started(ctx context.Context, t *testing.T, r *Runtime, newSpec func() runti
 		t.Fatal(err)
 	}
 	return spec, c
+}
+
+// startShell starts `sh -c script` in the sandbox as process id.
+func startShell(ctx context.Context, t *testing.T, c *agentclient.Client, id, script string) {
+	t.Helper()
+	if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: id, Argv: []string{"sh", "-c", script}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartProcess(ctx, id); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A server killed in the middle of a suspend — after its checkpoint was
