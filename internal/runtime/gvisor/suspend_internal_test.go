@@ -128,3 +128,49 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 		t.Fatalf("after the wake: %q %v", b, err)
 	}
 }
+
+// A suspend leaves the snapshot directory holding its own generation
+// only: the one the sandbox was woken from moves out at once (to the
+// runtime's trash) and is removed a moment later, not while the suspend
+// waits.
+func TestSuspendDiscardsTheOlderGenerationLater(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, _ := started(ctx, t, r, newSpec)
+	gens := func() (n int) {
+		ents, _ := os.ReadDir(spec.SnapshotDir)
+		for _, e := range ents {
+			if e.IsDir() && strings.HasPrefix(e.Name(), "gen-") {
+				n++
+			}
+		}
+		return n
+	}
+	for _, step := range []func(context.Context, runtime.Spec) error{r.Suspend, r.Restore, r.Suspend} {
+		if err := step(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := gens(); n != 1 {
+		t.Fatalf("%d generations in the snapshot directory after the second suspend, want 1", n)
+	}
+	trash := filepath.Join(r.cfg.Dir, "trash")
+	if ents, _ := os.ReadDir(trash); len(ents) != 1 {
+		t.Fatalf("%d entries in the trash right after the suspend, want the older generation", len(ents))
+	}
+	deadline := time.Now().Add(discardDelay + 5*time.Second)
+	for {
+		if ents, _ := os.ReadDir(trash); len(ents) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the older generation is still in the trash")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := r.Restore(ctx, spec); err != nil {
+		t.Fatalf("wake from the kept generation: %v", err)
+	}
+}
