@@ -113,11 +113,12 @@ func (r *Runtime) Pause(ctx context.Context, spec runtime.Spec) error {
 	return r.runState(ctx, spec, "stop", "paused")
 }
 
+// Resume runs a paused VM's vCPUs again. It does not wait for the agent to
+// answer (under TCG its first answer after a cont takes milliseconds): the
+// agent's connection lives on through the pause, and the next call on it
+// waits as any call does.
 func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
-	if err := r.runState(ctx, spec, "cont", "running"); err != nil {
-		return err
-	}
-	return r.waitAgent(ctx, spec.SandboxID)
+	return r.runState(ctx, spec, "cont", "running")
 }
 
 // runState sends stop or cont unless the VM is already in want.
