@@ -77,10 +77,12 @@ func (r *Runtime) control(ctx context.Context, id, method string) error {
 //	(empty)  an earlier release paused it with `runsc pause`: runsc knows
 //	(none)   running
 //
+// Releases before the mark existed paused with `runsc pause` and left none;
+// runsc's state says so, and frozen writes the empty mark for them.
 // The sentry counts pauses and panics on a resume of a kernel not paused,
 // so the count is kept at 0 or 1. A server that dies during a call leaves
 // "pausing" or "resuming": the next one asks the agent, which answers only
-// if the sandbox runs (settleMark).
+// if the sandbox runs (frozen).
 const (
 	markPausing  = "pausing"
 	markPaused   = "paused"
@@ -119,16 +121,29 @@ func (r *Runtime) setMark(id, m string) error {
 // (it is not), markPaused (by SPACE) or markLegacy (by `runsc pause`, of
 // an earlier release). A mark a call in flight left (pausing, resuming) is
 // replaced with what is true: whether the sentry took the call shows in
-// whether the agent answers, which a paused sandbox's never does.
-func (r *Runtime) frozen(ctx context.Context, spec runtime.Spec) (string, error) {
+// whether the agent answers, which a paused sandbox's never does. known is
+// runsc's state when the caller has just asked for it (nil: not asked);
+// runsc is asked here only about a legacy mark it was not asked about.
+func (r *Runtime) frozen(ctx context.Context, spec runtime.Spec, known *containerState) (string, error) {
 	id := spec.SandboxID
-	switch m := r.mark(id); m {
+	m := r.mark(id)
+	if known != nil && known.Status == "paused" && m != markLegacy {
+		// Paused with `runsc pause` by a release from before the mark.
+		if err := os.WriteFile(r.pausedMark(id), nil, 0o600); err != nil {
+			return "", fmt.Errorf("pause mark of %s: %w", id, err)
+		}
+		return markLegacy, nil
+	}
+	switch m {
 	case "", markPaused:
 		return m, nil
 	case markLegacy:
-		st, err := r.state(ctx, spec)
-		if err != nil {
-			return "", err
+		st := known
+		if st == nil {
+			var err error
+			if st, err = r.state(ctx, spec); err != nil {
+				return "", err
+			}
 		}
 		if st != nil && st.Status == "paused" {
 			return markLegacy, nil
@@ -147,7 +162,7 @@ func (r *Runtime) frozen(ctx context.Context, spec runtime.Spec) (string, error)
 // pauseSandbox pauses a running sandbox (a paused one is left as it is).
 func (r *Runtime) pauseSandbox(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	how, err := r.frozen(ctx, spec)
+	how, err := r.frozen(ctx, spec, nil)
 	if err != nil || how != "" {
 		return err
 	}
@@ -163,7 +178,7 @@ func (r *Runtime) pauseSandbox(ctx context.Context, spec runtime.Spec) error {
 // resumeSandbox resumes a paused sandbox (a running one is left as it is).
 func (r *Runtime) resumeSandbox(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
-	how, err := r.frozen(ctx, spec)
+	how, err := r.frozen(ctx, spec, nil)
 	switch {
 	case err != nil || how == "":
 		return err

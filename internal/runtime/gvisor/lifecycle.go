@@ -335,7 +335,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	if st == nil || st.Status == "stopped" {
 		return r.savedAlready(ctx, spec, st != nil)
 	}
-	how, err := r.frozen(ctx, spec)
+	how, err := r.frozen(ctx, spec, st)
 	if err != nil {
 		return err
 	}
@@ -635,7 +635,7 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 			return "", err
 		}
 		r.watch(ctx, spec, false)
-		how, err := r.frozen(ctx, spec)
+		how, err := r.frozen(ctx, spec, st)
 		if err != nil {
 			return "", err
 		}

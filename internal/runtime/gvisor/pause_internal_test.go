@@ -89,8 +89,10 @@ func TestPauseFreezesTheSandbox(t *testing.T) {
 // saying so; the next server finds out what the sentry did (from whether
 // the agent answers) and goes on from there without a resume of a kernel
 // that is not paused. A sandbox an earlier release paused with `runsc
-// pause` is resumed by runsc.
+// pause` (with an empty mark, or none from before the mark) is resumed by
+// runsc.
 func TestPauseInterruptedByACrashIsSettled(t *testing.T) {
+	const noMark = "(no mark file)"
 	open, newSpec := testRuntime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -117,12 +119,19 @@ func TestPauseInterruptedByACrashIsSettled(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, runtime.StatusPaused},
+		{"runsc pause of a release before the mark", noMark, func(s runtime.Spec) {
+			if _, err := r.runsc(ctx, s, "pause", s.SandboxID); err != nil {
+				t.Fatal(err)
+			}
+		}, runtime.StatusPaused},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			spec, _ := started(ctx, t, r, newSpec)
 			c.pause(spec)
-			if err := os.WriteFile(r.pausedMark(spec.SandboxID), []byte(c.mark), 0o600); err != nil {
-				t.Fatal(err)
+			if c.mark != noMark {
+				if err := os.WriteFile(r.pausedMark(spec.SandboxID), []byte(c.mark), 0o600); err != nil {
+					t.Fatal(err)
+				}
 			}
 			r.Close()
 			r = open()

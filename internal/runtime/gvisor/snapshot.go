@@ -57,7 +57,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	how, err := r.frozen(ctx, spec)
+	how, err := r.frozen(ctx, spec, st)
 	if err != nil {
 		return err
 	}
