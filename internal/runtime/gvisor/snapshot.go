@@ -79,20 +79,13 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	}
 	// A sandbox whose agent dials again when told runs on through the save:
 	// its processes go on from the instant of the save. Otherwise its
-	// process is replaced (ended and restored from the save), which is not
-	// a death to report. The agent's endpoint stays as it is (the same
-	// socket file): the checkpoint drops the agent's connection and the
-	// agent dials that socket again (a re-created socket file would not be
-	// reached).
+	// process is replaced (ended and restored from the save). The agent's
+	// endpoint stays as it is (the same socket file): the checkpoint drops
+	// the agent's connection and the agent dials that socket again (a
+	// re-created socket file would not be reached).
 	agent := r.redialingAgent(ctx, id)
 	restart := agent == nil
-	if restart {
-		r.exits.Stop(id)
-	}
 	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", tmp, id)...); err != nil {
-		if restart {
-			r.watch(ctx, spec, false)
-		}
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")
@@ -103,7 +96,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		// End it at once: what it does between the save and this delete is
 		// done again after the restore (output included), so that window is
 		// kept as short as possible.
-		if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
+		if err := r.endForRestart(ctx, spec); err != nil {
 			return err
 		}
 	}
@@ -135,8 +128,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		if err := r.redial(ctx, spec, agent); err != nil {
 			// Unreachable as it is: the save is what it was a moment ago.
 			r.log.Warn("gvisor: the agent did not dial again after the save; restoring the sandbox from it", "sandbox_id", id, "err", err)
-			r.exits.Stop(id)
-			if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
+			if err := r.endForRestart(ctx, spec); err != nil {
 				return err
 			}
 			restart = true
@@ -185,6 +177,16 @@ func (r *Runtime) redial(ctx context.Context, spec runtime.Spec, old *agentclien
 		return fmt.Errorf("signal the agent: %w", err)
 	}
 	return r.waitAgent(ctx, spec.SandboxID)
+}
+
+// endForRestart ends the sandbox's process so that restartFrom starts it
+// again from its save: not a death to report.
+func (r *Runtime) endForRestart(ctx context.Context, spec runtime.Spec) error {
+	r.exits.Stop(spec.SandboxID)
+	if _, err := r.runsc(ctx, spec, "delete", "--force", spec.SandboxID); err != nil && !notExist(err) {
+		return err
+	}
+	return nil
 }
 
 // restartFrom starts the source of a save again from its image, under the
