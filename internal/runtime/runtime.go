@@ -34,6 +34,11 @@ type Spec struct {
 	// can start from it while the source is brought back. A Snapshot that
 	// fails after calling it may leave dir behind: the caller removes it.
 	Saved func()
+	// Ephemeral, set for Snapshot, says the save only seeds copies started
+	// from it now and is removed after (a fork's): a runtime may leave it
+	// in the page cache rather than make it durable, and must then not
+	// trust one found after the host restarted.
+	Ephemeral bool
 	// TakeImage, set for CreateFrom, says the image is this sandbox's
 	// alone and goes once it runs (a fork's own save with one copy): a
 	// runtime that would copy the image's files may move them instead.

@@ -366,7 +366,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	// --leave-running: a checkpoint that fails (a full disk) leaves the
 	// sandbox running as it was, instead of ending it with its state lost.
 	t0 := time.Now()
-	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", gdir, id)...); err != nil {
 		os.RemoveAll(gdir)
 		r.endpoint(id)
 		if wasPaused {
@@ -493,12 +493,13 @@ func (r *Runtime) savedAlready(ctx context.Context, spec runtime.Spec, exists bo
 }
 
 // checkpoint is runsc checkpoint with SPACE's flags: where the data
-// directory's file system takes O_DIRECT, the pages file is written with
-// it, so making the image durable afterwards costs almost nothing (a
-// buffered image is written twice over: to the page cache, then by the
-// fsync) and a save does not fill the page cache.
-func (r *Runtime) checkpoint(args ...string) []string {
-	if r.direct {
+// directory's file system takes O_DIRECT, the pages file of a durable save
+// is written with it, so making the image durable afterwards costs almost
+// nothing (a buffered image is written twice over: to the page cache, then
+// by the fsync) and a save does not fill the page cache. An ephemeral save
+// (a fork's, read back at once and removed) goes through the page cache.
+func (r *Runtime) checkpoint(ephemeral bool, args ...string) []string {
+	if r.direct && !ephemeral {
 		return append([]string{"checkpoint", "--direct"}, args...)
 	}
 	return append([]string{"checkpoint"}, args...)

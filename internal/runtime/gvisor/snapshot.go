@@ -38,11 +38,21 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		return err
 	}
 	if _, err := os.Stat(dir); err == nil {
-		// Saved already: a retry after a crash. One between the save and
-		// the agent's redial left the agent waiting on a connection the
-		// save closed; tell it to look (it changes nothing otherwise).
-		r.runsc(ctx, spec, "kill", id, r.redialSignal)
-		return nil
+		if !savedThisBoot(dir) {
+			// An ephemeral save from before the host restarted: its pages
+			// may never have reached the disk. Not to be trusted (and its
+			// source did not live through the restart either).
+			if err := os.RemoveAll(dir); err != nil {
+				return err
+			}
+		} else {
+			// Saved already: a retry after a crash. One between the save
+			// and the agent's redial left the agent waiting on a
+			// connection the save closed; tell it to look (it changes
+			// nothing otherwise).
+			r.runsc(ctx, spec, "kill", id, r.redialSignal)
+			return nil
+		}
 	}
 	st, err := r.state(ctx, spec)
 	if err != nil {
@@ -85,7 +95,10 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	// re-created socket file would not be reached).
 	agent := r.redialingAgent(ctx, id)
 	restart := agent == nil
-	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", tmp, id)...); err != nil {
+	// An ephemeral save (a fork's) goes through the page cache: its copies
+	// read it back from memory rather than from the disk, and it is
+	// usually removed before the kernel writes it out.
+	if _, err := r.runsc(ctx, spec, r.checkpoint(spec.Ephemeral, "--leave-running", "--image-path", tmp, id)...); err != nil {
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")
@@ -106,8 +119,8 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if err := r.keepAgentRecord(id, tmp); err != nil {
 		return err
 	}
-	if err := syncDir(tmp); err != nil {
-		return fmt.Errorf("sync snapshot: %w", err)
+	if err := sealSave(tmp, spec.Ephemeral); err != nil {
+		return fmt.Errorf("seal the save: %w", err)
 	}
 	// The image is complete: a caller that asked is told now, so copies
 	// restore from it while the source gets its agent back (or is restored
@@ -115,10 +128,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	// their own).
 	image := tmp
 	if spec.Saved != nil {
-		if err := os.Rename(tmp, dir); err != nil {
-			return err
-		}
-		if err := syncDir(filepath.Dir(dir)); err != nil {
+		if err := publish(tmp, dir, spec.Ephemeral); err != nil {
 			return err
 		}
 		image = dir
@@ -143,10 +153,53 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if image == dir {
 		return nil
 	}
+	return publish(tmp, dir, spec.Ephemeral)
+}
+
+// ephemeralMark, in an ephemeral save, holds the host's boot id: such a
+// save is sealed without an fsync, so after a host restart it may be
+// incomplete on disk.
+const ephemeralMark = "ephemeral.boot"
+
+// sealSave makes a complete save in dir durable, or, if ephemeral, marks
+// it with the host's boot instead.
+func sealSave(dir string, ephemeral bool) error {
+	if !ephemeral {
+		return syncDir(dir)
+	}
+	boot, err := hostBoot()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, ephemeralMark), []byte(boot), 0o600)
+}
+
+// publish moves a sealed save from tmp to dir (durably, unless ephemeral).
+func publish(tmp, dir string, ephemeral bool) error {
 	if err := os.Rename(tmp, dir); err != nil {
 		return err
 	}
+	if ephemeral {
+		return nil
+	}
 	return syncDir(filepath.Dir(dir))
+}
+
+// savedThisBoot reports whether the save in dir can be trusted: a durable
+// one, or an ephemeral one made since the host last started.
+func savedThisBoot(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, ephemeralMark))
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	boot, berr := hostBoot()
+	return err == nil && berr == nil && string(b) == boot
+}
+
+// hostBoot is the id the kernel gave this boot of the host.
+func hostBoot() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b)), err
 }
 
 // redialingAgent returns the client of the sandbox's agent if that agent
