@@ -37,6 +37,13 @@ type Config struct {
 	// and MaxExited how many at most.
 	KeepExited time.Duration
 	MaxExited  int
+	// ExitedOutputBytes bounds the output all exited processes retain
+	// together (default 16 MiB, each over by at most one read): the most
+	// recently exited keep a window of exitedWindow, older ones what is
+	// left, and the oldest none (a reader still reading keeps what it has
+	// not read). Without it every remembered process would hold its whole
+	// window in the sandbox's memory.
+	ExitedOutputBytes int
 	// MaxPending caps command sessions created but not yet started (no
 	// client attached); default 1024. Beyond it a create is refused. One
 	// nobody attached to for KeepPending (default 24 h, the attachment
@@ -88,6 +95,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.MaxExited <= 0 {
 		cfg.MaxExited = 1024
+	}
+	if cfg.ExitedOutputBytes <= 0 {
+		cfg.ExitedOutputBytes = 16 << 20
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -332,8 +342,13 @@ func (a *Agent) list() proto.ProcessList {
 	return out
 }
 
+// exitedWindow is the output an exited process retains while the budget
+// allows (the window's documented floor).
+const exitedWindow = 1 << 20
+
 // forgetOld drops exited processes older than KeepExited, and the oldest
-// exited ones beyond MaxExited.
+// exited ones beyond MaxExited, and fits the output exited processes retain
+// into ExitedOutputBytes.
 func (a *Agent) forgetOld() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -358,11 +373,16 @@ func (a *Agent) forgetOld() {
 		}
 		exited = append(exited, ex{id, *st.ExitedAt})
 	}
+	sort.Slice(exited, func(i, j int) bool { return exited[i].at.Before(exited[j].at) })
 	if len(exited) > a.cfg.MaxExited {
-		sort.Slice(exited, func(i, j int) bool { return exited[i].at.Before(exited[j].at) })
 		for _, e := range exited[:len(exited)-a.cfg.MaxExited] {
 			delete(a.procs, e.id)
 		}
+		exited = exited[len(exited)-a.cfg.MaxExited:]
+	}
+	budget := a.cfg.ExitedOutputBytes
+	for i := len(exited) - 1; i >= 0; i-- { // the most recently exited first
+		budget -= a.procs[exited[i].id].out.shrink(max(0, min(exitedWindow, budget)))
 	}
 }
 

@@ -543,3 +543,45 @@ func TestAgentOnHostBackgroundChildDoesNotHoldTheExit(t *testing.T) {
 		t.Fatalf("output %q, exit %d after %s", r.stdout.String(), exitCode(t, r), took)
 	}
 }
+
+// The output exited processes retain is bounded for the whole sandbox: the
+// most recently exited keep a window of 1 MiB, older ones what is left of
+// the budget, and the oldest none (a late reader gets a resync and
+// the exit). Without the bound every remembered process holds its window in
+// the sandbox's memory: a thousand noisy commands, gigabytes.
+func TestAgentOnHostExitedOutputFitsItsBudget(t *testing.T) {
+	c, _ := startAgentWith(t, agent.Config{Root: t.TempDir(), ExitedOutputBytes: 3 << 19})
+	ctx := context.Background()
+	ids := []string{"old", "mid", "new"}
+	for _, id := range ids {
+		if _, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: id, Argv: []string{"head", "-c", "3145728", "/dev/zero"}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.StartProcess(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			p, err := c.GetProcess(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.State == proto.ProcExited {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	kept := map[string]int{}
+	total := 0
+	for _, id := range ids {
+		r := drain(t, ctx, c, id, 0)
+		if r.resyncs != 1 || exitCode(t, r) != 0 {
+			t.Fatalf("%s: %d resyncs, exit %v", id, r.resyncs, r.exited)
+		}
+		kept[id] = r.stdout.Len()
+		total += r.stdout.Len()
+	}
+	if kept["new"] < 1<<20 || kept["mid"] >= kept["new"] || kept["old"] != 0 {
+		t.Fatalf("retained after exit: %v (total %d), want new ≥ 1 MiB, mid less, old none", kept, total)
+	}
+}

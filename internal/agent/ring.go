@@ -37,6 +37,8 @@ type ring struct {
 	held      time.Duration
 	appending int
 	heldFrom  time.Time
+	// compacted: shrink has copied the chunks into buffers of their size.
+	compacted bool
 }
 
 type subscriber struct {
@@ -117,6 +119,32 @@ func (r *ring) heldBack() time.Duration {
 	return r.held
 }
 
+// shrink, for the window of a process that has exited, evicts its oldest
+// output no active reader still needs while what remains holds at least
+// keep bytes (keep 0: all of it). The first shrink also copies what it keeps
+// into buffers of its own size (a chunk may hold a read buffer up to twice
+// its length). It returns the bytes the window holds after.
+func (r *ring) shrink(keep int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for len(r.chunks) > 0 && (keep == 0 || r.size-len(r.chunks[0].data) >= keep) && !r.neededLocked(r.chunks[0].seq, now) {
+		r.size -= len(r.chunks[0].data)
+		r.chunks[0] = chunk{}
+		r.chunks = r.chunks[1:]
+	}
+	if !r.compacted {
+		r.compacted = true
+		kept := make([]chunk, len(r.chunks))
+		for i, c := range r.chunks {
+			c.data = append([]byte(nil), c.data...)
+			kept[i] = c
+		}
+		r.chunks = kept
+	}
+	return r.size
+}
+
 // close records that no more output will arrive.
 func (r *ring) close() {
 	r.mu.Lock()
@@ -181,7 +209,9 @@ func (r *ring) read(ctx context.Context, after uint64, maxBytes int, wait time.D
 			n += len(c.data)
 		}
 		if len(out) > 0 || resync {
-			return resync, out, false
+			// A window emptied after its process exited (shrink) has
+			// nothing to follow the resync with: the end comes with it.
+			return resync, out, resync && len(out) == 0 && r.done
 		}
 		if r.done {
 			return false, nil, true
