@@ -59,6 +59,8 @@ type Event struct {
 	ID   string
 	Name string // output, resync_required, process_exited, error
 	// Stream and Data are set on output events (Data decoded).
+	// Data is the event's only until the callback it was handed to
+	// returns (its buffer is reused for the next event): copy what you keep.
 	Stream string
 	Data   []byte
 	// ExitCode and Signal are set on process_exited (and error, when known).
@@ -73,7 +75,8 @@ var ErrIncomplete = errors.New("event stream ended without process_exited or err
 
 // Attach streams a session's events to fn, starting after lastEventID ("" =
 // from the start), and reconnects with Last-Event-ID when the connection
-// drops, up to retries times in a row. It returns the terminal event.
+// drops, up to retries times in a row. It returns the terminal event. An
+// output event's Data is fn's only while fn runs.
 func (c *Client) Attach(ctx context.Context, s *Session, lastEventID string, retries int, fn func(Event) error) (*Event, error) {
 	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	failures := 0
@@ -137,7 +140,7 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 	}
 	last := lastEventID
 	var ev Event
-	var data, long []byte
+	var data, long, decoded []byte // reused: an event's Data is fn's only until it returns
 	for {
 		// ReadSlice avoids a copy per line; a line longer than the buffer
 		// is gathered in long.
@@ -163,7 +166,7 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 		case bytes.HasPrefix(line, []byte("data: ")):
 			data = append(data, line[6:]...)
 		case len(line) == 0 && ev.Name != "":
-			if err := decodeEvent(&ev, data); err != nil {
+			if err := decodeEvent(&ev, data, &decoded); err != nil {
 				return nil, last, err
 			}
 			if term, err := deliver(ev, &last, fn); term != nil || err != nil {
@@ -187,6 +190,7 @@ var frameNames = [...]string{1: "output", 2: "output", 3: "resync_required", 4: 
 // returns the last event id seen.
 func readFrames(r io.Reader, last string, fn func(Event) error) (*Event, string, error) {
 	var hdr [frameHeader]byte
+	var buf []byte // reused: an event's Data is fn's only until it returns
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			if err == io.EOF {
@@ -201,7 +205,10 @@ func readFrames(r io.Reader, last string, fn func(Event) error) (*Event, string,
 		if n > maxFrameData {
 			return nil, last, fmt.Errorf("malformed event stream: a %d-byte frame", n)
 		}
-		data := make([]byte, n)
+		if cap(buf) < int(n) {
+			buf = make([]byte, n)
+		}
+		data := buf[:n]
 		if _, err := io.ReadFull(r, data); err != nil {
 			return nil, last, err
 		}
@@ -218,7 +225,7 @@ func readFrames(r io.Reader, last string, fn func(Event) error) (*Event, string,
 		case 2:
 			ev.Stream, ev.Data = "stderr", data
 		default:
-			if err := decodeEvent(&ev, data); err != nil {
+			if err := decodeEvent(&ev, data, nil); err != nil {
 				return nil, last, err
 			}
 		}
@@ -251,7 +258,9 @@ var (
 	outputTail = []byte(`"}`)
 )
 
-func decodeEvent(ev *Event, data []byte) error {
+// decodeEvent decodes an SSE event's data into ev. Output is decoded into
+// *scratch (grown as needed) when scratch is not nil.
+func decodeEvent(ev *Event, data []byte, scratch *[]byte) error {
 	if ev.Name == "output" && len(data) >= len(outputHead)+len(outputTail) && bytes.HasPrefix(data, outputHead) && bytes.HasSuffix(data, outputTail) {
 		rest := data[len(outputHead) : len(data)-len(outputTail)]
 		if i := bytes.Index(rest, outputMid); i > 0 {
@@ -261,7 +270,16 @@ func decodeEvent(ev *Event, data []byte) error {
 			// path below, as do the line breaks base64's decoder would skip
 			// (a JSON string cannot hold them raw).
 			if (stream == "stdout" || stream == "stderr") && bytes.IndexByte(b64, '\r') < 0 && bytes.IndexByte(b64, '\n') < 0 {
-				out := make([]byte, base64.StdEncoding.DecodedLen(len(b64)))
+				size := base64.StdEncoding.DecodedLen(len(b64))
+				var out []byte
+				if scratch != nil && cap(*scratch) >= size {
+					out = (*scratch)[:size]
+				} else {
+					out = make([]byte, size)
+					if scratch != nil {
+						*scratch = out
+					}
+				}
 				if n, err := base64.StdEncoding.Decode(out, b64); err == nil {
 					ev.Stream, ev.Data = stream, out[:n]
 					return nil

@@ -20,7 +20,7 @@ func FuzzDecodeEvent(f *testing.F) {
 	f.Add([]byte("{\"stream\":\"stdout\",\"data\":\"aGVs\rbG8K\"}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fast := Event{Name: "output"}
-		ferr := decodeEvent(&fast, data)
+		ferr := decodeEvent(&fast, data, nil)
 		var raw struct {
 			Stream string `json:"stream"`
 			Data   string `json:"data"`
@@ -49,12 +49,12 @@ func TestDecodeEventFastAndGeneral(t *testing.T) {
 		`{"stream":"stdout","data":"aGVs\u0062G8K"}`,
 	} {
 		ev := Event{Name: "output"}
-		if err := decodeEvent(&ev, []byte(in)); err != nil || ev.Stream != "stdout" || string(ev.Data) != "hello\n" {
+		if err := decodeEvent(&ev, []byte(in), nil); err != nil || ev.Stream != "stdout" || string(ev.Data) != "hello\n" {
 			t.Errorf("%s: %+v %v", in, ev, err)
 		}
 	}
 	ev := Event{Name: "output"}
-	if err := decodeEvent(&ev, []byte(`{"stream":"stdout","data":"!!!!"}`)); err == nil {
+	if err := decodeEvent(&ev, []byte(`{"stream":"stdout","data":"!!!!"}`), nil); err == nil {
 		t.Errorf("bad base64 accepted: %+v", ev)
 	}
 }
