@@ -244,9 +244,9 @@ func (r *Runtime) endForRestart(ctx context.Context, spec runtime.Spec) error {
 
 // restartFrom starts the source of a save again from its image, under the
 // same id, bundle and network. If that fails the save is the sandbox now:
-// it is kept as its suspend snapshot, so the sandbox is suspended (and
-// wakes from it), never lost. An image published in dir stays where it is
-// for the copies (linked).
+// it is kept as its suspend snapshot, made durable first (a fork's save was
+// not), so the sandbox is suspended (and wakes from it), never lost. An
+// image published in dir stays where it is for the copies (linked).
 func (r *Runtime) restartFrom(ctx context.Context, spec runtime.Spec, image, dir string) error {
 	var err error
 	if spec.Renetwork != nil {
@@ -263,7 +263,8 @@ func (r *Runtime) restartFrom(ctx context.Context, spec runtime.Spec, image, dir
 		if image == dir {
 			keep = func(to string) error { return linkImage(image, to) }
 		}
-		if os.MkdirAll(spec.SnapshotDir, 0o700) == nil && keep(filepath.Join(spec.SnapshotDir, gen)) == nil {
+		kept := filepath.Join(spec.SnapshotDir, gen)
+		if os.MkdirAll(spec.SnapshotDir, 0o700) == nil && keep(kept) == nil && syncDir(kept) == nil {
 			markCurrent(spec.SnapshotDir, gen)
 		}
 		return fmt.Errorf("restore %s after saving it (it is suspended now): %w", spec.SandboxID, err)
