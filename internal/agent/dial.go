@@ -50,21 +50,11 @@ func (a *Agent) ServeUnix(ctx context.Context, path string) error {
 	// Redial quickly: after a restore the host is usually listening
 	// already, and a long backoff saved into the snapshot would delay every
 	// wake. A failed unix connect costs microseconds.
-	const first, most = 2 * time.Millisecond, 50 * time.Millisecond
-	backoff := first
-	wait := func() error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, most)
-		return nil
-	}
+	b := newBackoff(2*time.Millisecond, 50*time.Millisecond)
 	for {
 		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 		if err != nil {
-			if err := wait(); err != nil {
+			if err := b.wait(ctx); err != nil {
 				return err
 			}
 			continue
@@ -78,12 +68,12 @@ func (a *Agent) ServeUnix(ctx context.Context, path string) error {
 		mu.Unlock()
 		c.Close()
 		if errors.Is(err, ErrNoHost) {
-			if err := wait(); err != nil { // accepted and closed at once
+			if err := b.wait(ctx); err != nil { // accepted and closed at once
 				return err
 			}
 			continue
 		}
-		backoff = first
+		b.reset()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -111,3 +101,25 @@ func connGone(c *net.UnixConn) bool {
 	}
 	return gone
 }
+
+// backoff is a wait that doubles from first up to most each time, until
+// reset.
+type backoff struct{ first, most, next time.Duration }
+
+func newBackoff(first, most time.Duration) *backoff {
+	return &backoff{first: first, most: most, next: first}
+}
+
+// wait sleeps for the current wait (ctx's error if it ends first) and
+// doubles the next.
+func (b *backoff) wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(b.next):
+	}
+	b.next = min(2*b.next, b.most)
+	return nil
+}
+
+func (b *backoff) reset() { b.next = b.first }

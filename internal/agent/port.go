@@ -39,22 +39,13 @@ func (a *Agent) servePort(ctx context.Context, open func() (portFile, error)) er
 			f.Close()
 		}
 	}()
-	backoff := portFirstWait
-	pause := func() error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, portMostWait)
-		return nil
-	}
+	b := newBackoff(portFirstWait, portMostWait)
 	for {
 		if f == nil {
 			var err error
 			if f, err = open(); err != nil {
 				f = nil
-				if err := pause(); err != nil {
+				if err := b.wait(ctx); err != nil {
 					return err
 				}
 				continue
@@ -70,7 +61,7 @@ func (a *Agent) servePort(ctx context.Context, open func() (portFile, error)) er
 		case errors.Is(err, ErrNoHost):
 			// A port whose host side is not connected reads as end of
 			// file at once: wait for the host, quietly, port open.
-			if err := pause(); err != nil {
+			if err := b.wait(ctx); err != nil {
 				return err
 			}
 			continue
@@ -79,7 +70,7 @@ func (a *Agent) servePort(ctx context.Context, open func() (portFile, error)) er
 			f.Close()
 			f = nil
 		}
-		backoff = portFirstWait
+		b.reset()
 	}
 }
 
