@@ -149,7 +149,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	var sourceErr error // written before sourceDone is closed
 	go func() {
 		defer close(sourceDone)
-		_, sourceErr = e.saveSource(ctx, rt, srcSb, dir, markSaved, true)
+		_, sourceErr = e.saveSource(ctx, rt, srcSb, dir, markSaved)
 	}()
 	select {
 	case <-savedCh:
@@ -219,9 +219,10 @@ func (e *Engine) forkSpec(ctx context.Context, id string) runtime.Spec {
 // saveSource saves a fork's or snapshot's source into dir through the
 // runtime's Snapshotter (which it returns) and gives a running source its
 // identity again: a runtime may save it by restoring it in place (gVisor),
-// so its address, clock and entropy are set anew. An ephemeral save (a
-// fork's) need not be durable: it is removed once the copies run.
-func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, dir string, saved func(), ephemeral bool) (runtime.Snapshotter, error) {
+// so its address, clock and entropy are set anew. A save with saved set is
+// a fork's: its copies start from it at once and it is removed after, so it
+// need not be durable (Ephemeral).
+func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, dir string, saved func()) (runtime.Snapshotter, error) {
 	snap, ok := rt.(runtime.Snapshotter)
 	if !ok {
 		return nil, errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot copy live sandboxes", rt.Name())
@@ -229,7 +230,7 @@ func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbo
 	spec := e.spec(src)
 	spec.Renetwork = e.renetwork(rt, src)
 	spec.Saved = saved
-	spec.Ephemeral = ephemeral
+	spec.Ephemeral = saved != nil
 	if src.State == sandbox.Running {
 		e.flush(ctx, rt, spec)
 	}

@@ -101,7 +101,7 @@ func (e *Engine) executeSnapshot(ctx context.Context, log interface {
 		e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: opErr, SandboxState: from,
 			Snapshot: &store.SnapshotOutcome{SnapshotID: op.Snapshot, State: sandbox.SnapshotFailed, Error: opErr}})
 	}
-	if _, err := e.saveSource(ctx, rt, src, dir, nil, false); err != nil {
+	if _, err := e.saveSource(ctx, rt, src, dir, nil); err != nil {
 		log.Error("snapshot: save the source", "err", err)
 		fail(err)
 		return

@@ -101,8 +101,9 @@ func (b *Bare) Wake(ctx context.Context) error {
 }
 
 // Fork saves the running sandbox with runsc checkpoint --leave-running
-// (through the page cache, as SPACE saves a fork's source), restores the save as a second sandbox (its own bundle and overlay) and
-// runs its first command, then deletes the copy.
+// (through the page cache, as SPACE saves a fork's source), restores the
+// save as a second sandbox (its own bundle and overlay) and runs its first
+// command, then deletes the copy.
 func (b *Bare) Fork(ctx context.Context) error {
 	img := filepath.Join(b.dir, "fork-image")
 	os.RemoveAll(img)

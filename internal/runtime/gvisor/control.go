@@ -104,6 +104,7 @@ func (r *Runtime) mark(id string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// setMark writes the pause mark ("": none; markLegacy: the empty mark).
 func (r *Runtime) setMark(id, m string) error {
 	if m == "" {
 		if err := os.Remove(r.pausedMark(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -111,7 +112,11 @@ func (r *Runtime) setMark(id, m string) error {
 		}
 		return nil
 	}
-	if err := os.WriteFile(r.pausedMark(id), []byte(m), 0o600); err != nil {
+	content := []byte(m)
+	if m == markLegacy {
+		content = nil
+	}
+	if err := os.WriteFile(r.pausedMark(id), content, 0o600); err != nil {
 		return fmt.Errorf("pause mark of %s: %w", id, err)
 	}
 	return nil
@@ -129,10 +134,7 @@ func (r *Runtime) frozen(ctx context.Context, spec runtime.Spec, known *containe
 	m := r.mark(id)
 	if known != nil && known.Status == "paused" && m != markLegacy {
 		// Paused with `runsc pause` by a release from before the mark.
-		if err := os.WriteFile(r.pausedMark(id), nil, 0o600); err != nil {
-			return "", fmt.Errorf("pause mark of %s: %w", id, err)
-		}
-		return markLegacy, nil
+		return markLegacy, r.setMark(id, markLegacy)
 	}
 	switch m {
 	case "", markPaused:

@@ -126,7 +126,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir), redialSignal: "CONT", redialWait: 10 * time.Second}
 	// What an earlier server discarded but had not removed yet.
-	go os.RemoveAll(filepath.Join(cfg.Dir, "trash"))
+	go os.RemoveAll(r.trashDir())
 	var err error
 	if r.agentDigest, err = r.keepAgent(); err != nil {
 		return nil, err

@@ -429,7 +429,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	if err := markCurrent(dir, gen); err != nil {
 		return err
 	}
-	os.Remove(r.pausedMark(id))
+	r.setMark(id, "")
 	defer func() {
 		r.log.Debug("gvisor: suspended", "sandbox_id", id, "checkpoint", t1.Sub(t0), "kill_and_sync", t2.Sub(t1), "after", time.Since(t2))
 	}()
@@ -446,6 +446,9 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	return nil
 }
 
+// trashDir holds what discard moved out of the way.
+func (r *Runtime) trashDir() string { return filepath.Join(r.cfg.Dir, "trash") }
+
 // discardDelay is how long discarded files wait before their removal.
 const discardDelay = 2 * time.Second
 
@@ -457,7 +460,7 @@ const discardDelay = 2 * time.Second
 // directory is one file system), which the next server empties at start
 // if this one stopped first; elsewhere it is removed at once.
 func (r *Runtime) discard(path string) {
-	trash := filepath.Join(r.cfg.Dir, "trash")
+	trash := r.trashDir()
 	to := filepath.Join(trash, fmt.Sprintf("%d-%s", time.Now().UnixNano(), filepath.Base(path)))
 	if os.MkdirAll(trash, 0o700) != nil || os.Rename(path, to) != nil {
 		os.RemoveAll(path)

@@ -38,20 +38,19 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		return err
 	}
 	if _, err := os.Stat(dir); err == nil {
-		if !savedThisBoot(dir) {
-			// An ephemeral save from before the host restarted: its pages
-			// may never have reached the disk. Not to be trusted (and its
-			// source did not live through the restart either).
-			if err := os.RemoveAll(dir); err != nil {
-				return err
-			}
-		} else {
+		if savedThisBoot(dir) {
 			// Saved already: a retry after a crash. One between the save
 			// and the agent's redial left the agent waiting on a
 			// connection the save closed; tell it to look (it changes
 			// nothing otherwise).
 			r.runsc(ctx, spec, "kill", id, r.redialSignal)
 			return nil
+		}
+		// An ephemeral save from before the host restarted: its pages may
+		// never have reached the disk. Not to be trusted (and its source
+		// did not live through the restart either).
+		if err := os.RemoveAll(dir); err != nil {
+			return err
 		}
 	}
 	st, err := r.state(ctx, spec)

@@ -156,7 +156,7 @@ func TestSuspendDiscardsTheOlderGenerationLater(t *testing.T) {
 	if n := gens(); n != 1 {
 		t.Fatalf("%d generations in the snapshot directory after the second suspend, want 1", n)
 	}
-	trash := filepath.Join(r.cfg.Dir, "trash")
+	trash := r.trashDir()
 	if ents, _ := os.ReadDir(trash); len(ents) != 1 {
 		t.Fatalf("%d entries in the trash right after the suspend, want the older generation", len(ents))
 	}
