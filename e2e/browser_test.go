@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 )
 
@@ -122,6 +123,40 @@ func (b *browserTab) do(what string, timeout time.Duration, steps ...chromedp.Ac
 		b.shot("failed-" + strings.ReplaceAll(what, " ", "-"))
 		b.t.Fatalf("browser: %s: %v", what, err)
 	}
+}
+
+// open loads url in the tab and waits until its document has loaded,
+// watching the document itself rather than the load event chromedp's
+// Navigate waits for: on a fresh CI machine that wait once never ended
+// (30 s) on a fresh tab's first navigation to a page that serves in
+// milliseconds. The old document is marked first, so a page that looks
+// the same (the login form again) is not taken for the new one.
+func (b *browserTab) open(what, url string, timeout time.Duration) {
+	b.t.Helper()
+	b.eval(`document.documentElement.dataset.spaceOld = '1'; ''`)
+	ctx, cancel := context.WithTimeout(b.ctx, timeout)
+	defer cancel()
+	res, err := chromedp.Call(ctx, page.Navigate, page.NavigateParams{URL: url})
+	if err == nil && res.ErrorText != "" {
+		err = fmt.Errorf("%s", res.ErrorText)
+	}
+	if err != nil {
+		b.shot("failed-" + strings.ReplaceAll(what, " ", "-"))
+		b.t.Fatalf("browser: %s: navigate to %s: %v", what, url, err)
+	}
+	// Evaluating while the old document goes away fails ("cannot find
+	// context"): that is a not-yet, as is the old document still there.
+	var last error
+	for ctx.Err() == nil {
+		loaded, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.documentElement.dataset.spaceOld === undefined && document.readyState === 'complete'`))
+		if err == nil && loaded {
+			return
+		}
+		last = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.shot("failed-" + strings.ReplaceAll(what, " ", "-"))
+	b.t.Fatalf("browser: %s: %s did not load within %v (last error: %v)", what, url, timeout, last)
 }
 
 // waitFor waits until the JavaScript expression is truthy.

@@ -21,8 +21,8 @@ import (
 // consoleLogin opens the console and logs in with token.
 func consoleLogin(b *browserTab, base, token string) {
 	b.t.Helper()
-	b.do("open the console", 30*time.Second,
-		chromedp.Navigate(base+"/console/"),
+	b.open("open the console", base+"/console/", 30*time.Second)
+	b.do("log in", 30*time.Second,
 		chromedp.WaitVisible(chromedp.CSS("#token")),
 		chromedp.SendKeys(chromedp.CSS("#token"), token),
 		chromedp.Click(chromedp.CSS("#login")))
@@ -60,8 +60,8 @@ func TestConsole(t *testing.T) {
 
 	// A wrong token is refused, and says so.
 	b.expectRefusal("/v1/token")
+	b.open("open the console", base+"/console/", 30*time.Second)
 	b.do("wrong token", 30*time.Second,
-		chromedp.Navigate(base+"/console/"),
 		chromedp.WaitVisible(chromedp.CSS("#token")),
 		chromedp.SendKeys(chromedp.CSS("#token"), "space_wrong"),
 		chromedp.Click(chromedp.CSS("#login")))
