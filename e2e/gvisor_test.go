@@ -110,6 +110,31 @@ func testProcessSurvivesSuspendWake(t *testing.T, rt string) {
 			t.Fatal("output was lost across suspend/wake")
 		}
 	}
+	// The sandbox's usage samples (every 5 s) say what its agent holds,
+	// after all this still a small part of the sandbox's memory.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var got struct {
+			Items []struct {
+				MemTotal uint64 `json:"mem_total"`
+				AgentRSS uint64 `json:"agent_rss"`
+			} `json:"items"`
+		}
+		r := s.do("GET", "/v1/sandboxes/"+sbx+"/metrics", s.token, nil)
+		if r.status != 200 || json.Unmarshal(r.body, &got) != nil {
+			t.Fatalf("metrics = %d %s", r.status, r.body)
+		}
+		if n := len(got.Items); n > 0 {
+			if x := got.Items[n-1]; x.AgentRSS < 1<<20 || x.AgentRSS > 128<<20 || x.AgentRSS > x.MemTotal {
+				t.Fatalf("agent memory %d bytes of %d (want 1–128 MiB)", x.AgentRSS, x.MemTotal)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no usage sample in 15 s")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // SIGKILL of the server while sandboxes run, paused and suspended: after a

@@ -108,10 +108,29 @@ func (a *Agent) metrics() (proto.Metrics, error) {
 	if used := int64(m["MemTotal"]) - int64(m["MemFree"]) - int64(m["Buffers"]) - int64(out.MemCache); used > 0 {
 		out.MemUsed = uint64(used)
 	}
+	out.AgentRSS = selfRSS()
 	var st unix.Statfs_t
 	if err := unix.Statfs(a.cfg.Root, &st); err == nil {
 		out.DiskTotal = st.Blocks * uint64(st.Bsize)
 		out.DiskUsed = out.DiskTotal - st.Bavail*uint64(st.Bsize)
 	}
 	return out, nil
+}
+
+// selfRSS is this process's resident memory in bytes (0 if unknown): the
+// second field of /proc/self/statm, in pages.
+func selfRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return pages * uint64(os.Getpagesize())
 }

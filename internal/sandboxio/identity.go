@@ -45,6 +45,7 @@ type Metrics struct {
 	MemCache   uint64  `json:"mem_cache"`
 	DiskTotal  uint64  `json:"disk_total"`
 	DiskUsed   uint64  `json:"disk_used"`
+	AgentRSS   uint64  `json:"agent_rss"` // the agent's own resident memory, part of MemUsed (0: an agent too old to say)
 }
 
 // Metrics samples the sandbox's use of CPU, memory and disk. The CPU share

@@ -47,14 +47,21 @@ type Config struct {
 	// Node, in a cluster, is the node whose sandboxes are sampled (the
 	// others run elsewhere).
 	Node *string
+	// AgentWarn is the agent resident memory above which a sandbox's
+	// sample is logged as a warning, once until it falls below (default
+	// 128 MiB: an agent idles at about 20 MiB and its output buffers are
+	// bounded well below this; more means a leak, which takes the memory
+	// from the sandbox's own processes).
+	AgentWarn uint64
 }
 
 // Sampler keeps the series.
 type Sampler struct {
 	cfg Config
 
-	mu     sync.Mutex // guards series
+	mu     sync.Mutex // guards series and warned
 	series map[string][]Sample
+	warned map[string]bool // sandboxes whose agent is above AgentWarn
 }
 
 // New returns a sampler; Run starts it.
@@ -71,7 +78,10 @@ func New(cfg Config) *Sampler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Sampler{cfg: cfg, series: map[string][]Sample{}}
+	if cfg.AgentWarn == 0 {
+		cfg.AgentWarn = 128 << 20
+	}
+	return &Sampler{cfg: cfg, series: map[string][]Sample{}, warned: map[string]bool{}}
 }
 
 // Run samples every running sandbox each interval until ctx ends.
@@ -137,6 +147,12 @@ func (s *Sampler) sample(ctx context.Context, id string) {
 	now := time.Now().UTC()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if over := m.AgentRSS > s.cfg.AgentWarn; over != s.warned[id] {
+		s.warned[id] = over
+		if over {
+			s.cfg.Logger.Warn("usage: a sandbox's agent holds more memory than it should", "sandbox_id", id, "agent_rss", m.AgentRSS, "mem_used", m.MemUsed, "mem_total", m.MemTotal)
+		}
+	}
 	ser := append(s.series[id], Sample{At: now, Metrics: m})
 	// Drop what is older than Keep (the series is in time order).
 	i := 0
@@ -153,6 +169,7 @@ func (s *Sampler) forget(now time.Time) {
 	for id, ser := range s.series {
 		if len(ser) == 0 || now.Sub(ser[len(ser)-1].At) > s.cfg.Keep {
 			delete(s.series, id)
+			delete(s.warned, id)
 		}
 	}
 }
@@ -179,6 +196,7 @@ type Totals struct {
 	CPUCores            float64 // CPUs busy
 	MemUsed, MemTotal   uint64
 	DiskUsed, DiskTotal uint64
+	AgentRSS            uint64
 }
 
 // Totals sums the latest samples.
@@ -201,6 +219,7 @@ func (s *Sampler) Totals() Totals {
 		t.MemTotal += x.MemTotal
 		t.DiskUsed += x.DiskUsed
 		t.DiskTotal += x.DiskTotal
+		t.AgentRSS += x.AgentRSS
 	}
 	return t
 }
@@ -214,6 +233,7 @@ func (s *Sampler) Collectors() []prometheus.Collector {
 		gauge("space_sandboxes_sampled", "Running sandboxes with a recent usage sample.", func(t Totals) float64 { return float64(t.Sandboxes) }),
 		gauge("space_sandboxes_cpu_used_cores", "CPUs busy across running sandboxes, as they account it.", func(t Totals) float64 { return t.CPUCores }),
 		gauge("space_sandboxes_memory_used_bytes", "Memory used across running sandboxes (without page cache).", func(t Totals) float64 { return float64(t.MemUsed) }),
+		gauge("space_sandboxes_agent_memory_bytes", "Memory SPACE's agent holds across running sandboxes (its resident set, part of memory used).", func(t Totals) float64 { return float64(t.AgentRSS) }),
 		gauge("space_sandboxes_disk_used_bytes", "Root file system bytes used across running sandboxes.", func(t Totals) float64 { return float64(t.DiskUsed) }),
 	}
 }

@@ -105,6 +105,9 @@ type Metrics struct {
 	MemCache   uint64  `json:"mem_cache"`
 	DiskTotal  uint64  `json:"disk_total"`
 	DiskUsed   uint64  `json:"disk_used"`
+	// AgentRSS is the agent's own resident memory (part of MemUsed); 0
+	// from an agent too old to say.
+	AgentRSS uint64 `json:"agent_rss"`
 }
 
 // Configure sets the sandbox's identity after create, wake or fork. Zero
