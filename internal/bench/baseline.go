@@ -90,149 +90,79 @@ type countWriter struct{ n atomic.Int64 }
 
 func (c *countWriter) Write(p []byte) (int, error) { c.n.Add(int64(len(p))); return len(p), nil }
 
-// bareRows measures every bare row: latency rows in ms, streaming rows in
-// MiB/s. A row the runtime cannot do is left out.
-func (b *bench) bareRows(ctx context.Context, bare Bare) (map[bareKey][]float64, error) {
-	say := func(format string, a ...any) { b.say("baseline: "+format, a...) }
-	rows := map[bareKey][]float64{}
-	ms := func(k bareKey, start time.Time) {
-		rows[k] = append(rows[k], float64(time.Since(start).Microseconds())/1000)
+// openBare makes the bare runtime with the template and resources of the
+// SPACE sandbox id.
+func (b *bench) openBare(ctx context.Context, runtime, id string) error {
+	sb, err := b.c.GetSandbox(ctx, id)
+	if err != nil {
+		return err
 	}
-	say("create, %d runs", b.cfg.Runs)
-	for i := 0; i < b.cfg.Runs; i++ {
-		start := time.Now()
-		if err := bare.Create(ctx); err != nil {
-			return nil, fmt.Errorf("bare create: %w", err)
-		}
-		ms(bareCreate, start)
-		if i < b.cfg.Runs-1 {
-			if err := bare.Delete(ctx); err != nil {
-				return nil, fmt.Errorf("bare delete: %w", err)
-			}
-		}
+	bare, err := b.cfg.Baseline(ctx, runtime, BareSpec{TemplateDigest: sb.Template.Digest, Resources: sb.Resources})
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
 	}
-	hasExec := true
-	say("exec round trip, %d runs", b.cfg.Runs)
-	for i := 0; i < b.cfg.Runs; i++ {
-		start := time.Now()
-		err := bare.Exec(ctx, io.Discard, "true")
-		if errors.Is(err, ErrNoBareExec) {
-			hasExec = false
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		ms(bareExec, start)
-	}
-	if hasExec {
-		for _, s := range []struct {
-			k    bareKey
-			argv []string
-		}{
-			{bareDD, ddArgv(b.cfg.StreamBytes)},
-			{bareHead, headArgv(b.cfg.StreamBytes)},
-		} {
-			say("stdout %s, %d runs", s.argv, streamRuns(b.cfg.Runs))
-			for range streamRuns(b.cfg.Runs) {
-				var w countWriter
-				start := time.Now()
-				if err := bare.Exec(ctx, &w, s.argv...); err != nil {
-					return nil, err
-				}
-				if w.n.Load() != b.cfg.StreamBytes {
-					return nil, fmt.Errorf("bare %v: %d bytes, want %d", s.argv, w.n.Load(), b.cfg.StreamBytes)
-				}
-				rows[s.k] = append(rows[s.k], float64(b.cfg.StreamBytes)/(1<<20)/time.Since(start).Seconds())
-			}
-		}
-	}
-	say("pause/resume, %d runs", b.cfg.Runs)
-	for i := 0; i < b.cfg.Runs; i++ {
-		start := time.Now()
-		if err := bare.Pause(ctx); err != nil {
-			return nil, err
-		}
-		ms(barePause, start)
-		start = time.Now()
-		if err := bare.Resume(ctx); err != nil {
-			return nil, err
-		}
-		ms(bareResume, start)
-	}
-	runs := max(1, b.cfg.Runs/2)
-	say("suspend/wake with %d MiB dirty, %d runs", b.cfg.DirtyMiB, runs)
-	for i := 0; i < runs; i++ {
-		if hasExec {
-			if err := bare.Exec(ctx, io.Discard, dirtyArgv(b.cfg.DirtyMiB)...); err != nil {
-				return nil, err
-			}
-		}
-		start := time.Now()
-		if err := bare.Suspend(ctx); err != nil {
-			return nil, fmt.Errorf("bare suspend: %w", err)
-		}
-		ms(bareSuspend, start)
-		start = time.Now()
-		if err := bare.Wake(ctx); err != nil {
-			return nil, fmt.Errorf("bare wake: %w", err)
-		}
-		ms(bareWake, start)
-	}
-	// As SPACE's row does: one save, then starts from it (the first reads
-	// an image just written, the rest find it cached).
-	say("start from a save, %d runs", runs)
-	if err := bare.Suspend(ctx); err != nil {
-		return nil, fmt.Errorf("bare suspend: %w", err)
-	}
-	for i := 0; i < runs; i++ {
-		start := time.Now()
-		if err := bare.FromSave(ctx); err != nil {
-			return nil, fmt.Errorf("bare start from a save: %w", err)
-		}
-		ms(bareFrom, start)
-	}
-	if err := bare.Wake(ctx); err != nil {
-		return nil, fmt.Errorf("bare wake: %w", err)
-	}
-	say("fork, %d runs", runs)
-	for i := 0; i < runs; i++ {
-		if hasExec { // as SPACE's row does
-			if err := bare.Exec(ctx, io.Discard, dirtyArgv(b.cfg.DirtyMiB)...); err != nil {
-				return nil, err
-			}
-		}
-		start := time.Now()
-		if err := bare.Fork(ctx); err != nil {
-			return nil, fmt.Errorf("bare fork: %w", err)
-		}
-		ms(bareFork, start)
-	}
-	return rows, bare.Delete(ctx)
+	b.bare = bare
+	return nil
 }
 
-// withBaseline fills each row's bare column and ratio from the bare rows
-// that b measured.
-func withBaseline(rep *Report, bare map[bareKey][]float64, b Bare) {
-	for i := range rep.Rows {
-		r := &rep.Rows[i]
-		xs, ok := bare[bareKey(r.Key)]
-		if !ok || len(xs) == 0 {
-			if r.Key != "" {
-				r.BareNote = "no bare equivalent"
-			}
-			continue
-		}
-		r.Bare = pct(xs, .5)
-		r.BareRaw = xs
-		r.BareNote = bareNotes[bareKey(r.Key)]
-		if n, ok := b.(BareNoter); ok && n.Note(r.Key) != "" {
-			r.BareNote = n.Note(r.Key)
-		}
-		if r.Bare > 0 {
-			r.Ratio = r.P50 / r.Bare
-		}
+func (b *bench) closeBare() {
+	if b.bare != nil {
+		b.bare.Close()
 	}
+}
+
+// bareExec runs argv in the bare sandbox with its stdout copied to w and
+// returns how long it took in ms; 0 without a bare sandbox or when it
+// cannot run commands.
+func (b *bench) bareExec(ctx context.Context, w io.Writer, argv ...string) (float64, error) {
+	if b.bare == nil || b.bareNoEx {
+		return 0, nil
+	}
+	start := time.Now()
+	err := b.bare.Exec(ctx, w, argv...)
+	if errors.Is(err, ErrNoBareExec) {
+		b.bareNoEx = true
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("baseline: %v: %w", argv, err)
+	}
+	return msSince(start), nil
+}
+
+// timed runs one of the bare sandbox's steps and returns how long it took
+// in ms.
+func timed(ctx context.Context, what string, step func(context.Context) error) (float64, error) {
+	start := time.Now()
+	if err := step(ctx); err != nil {
+		return 0, fmt.Errorf("baseline: %s: %w", what, err)
+	}
+	return msSince(start), nil
+}
+
+func msSince(start time.Time) float64 { return float64(time.Since(start).Microseconds()) / 1000 }
+
+// compared fills row r's bare column and ratio from the bare samples taken
+// beside its own (a row without them, in a run with a baseline, says it has
+// no bare equivalent).
+func (b *bench) compared(r Row, bare []float64) Row {
+	if b.bare == nil {
+		return r
+	}
+	if len(bare) == 0 {
+		r.BareNote = "no bare equivalent"
+		return r
+	}
+	r.Bare = pct(bare, .5)
+	r.BareRaw = bare
+	r.BareNote = bareNotes[bareKey(r.Key)]
+	if n, ok := b.bare.(BareNoter); ok && n.Note(r.Key) != "" {
+		r.BareNote = n.Note(r.Key)
+	}
+	if r.Bare > 0 {
+		r.Ratio = r.P50 / r.Bare
+	}
+	return r
 }
 
 func ddArgv(n int64) []string {

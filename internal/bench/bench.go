@@ -36,7 +36,8 @@ type Config struct {
 	EgressBytes int64
 	EgressOnly  bool
 	// Baseline, when set, makes the bare runtime each row is compared
-	// with (baseline.go), measured in the same run after SPACE's rows.
+	// with (baseline.go), measured in the same run, sample by sample in
+	// turn with SPACE's.
 	Baseline func(ctx context.Context, runtime string, spec BareSpec) (Bare, error)
 	// Density is how many idle sandboxes Density holds at once.
 	Density int
@@ -107,6 +108,10 @@ func (b *bench) say(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+
 type bench struct {
 	cfg Config
 	c   *client.Client
+	// With a baseline: the bare sandbox, alive beside SPACE's from the
+	// create row on, and whether it can run commands (a VMM cannot).
+	bare     Bare
+	bareNoEx bool
 }
 
 func (b *bench) create(ctx context.Context) (string, time.Duration, error) {
@@ -187,7 +192,10 @@ func newBench(cfg Config) (*bench, *Report, error) {
 	return &bench{cfg: cfg, c: c}, rep, nil
 }
 
-// Run measures every row and writes the table to cfg.Out.
+// Run measures every row and writes the table to cfg.Out. With a
+// baseline, each row takes SPACE's sample and the bare runtime's in turn,
+// so both columns of a row come from the same minutes of the machine (a
+// loaded or throttled minute weighs on both, not on one).
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	b, rep, err := newBench(cfg)
 	if err != nil {
@@ -200,18 +208,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			c.Lifecycle(context.WithoutCancel(ctx), "delete", id, "")
 		}
 	}()
+	defer b.closeBare()
 	say := b.say
 
-	say("create → running, %d runs", cfg.Runs)
-	var ds []time.Duration
 	creates := cfg.Runs
 	if cfg.EgressOnly {
 		creates = 1
 	}
-	// As the bare rows do, each sandbox but the last is deleted before the
-	// next create: the rows after it run beside one sandbox, not beside
+	say("create → running, %d runs", creates)
+	var ds []time.Duration
+	var bareXs []float64
+	// As the bare sandbox is, each sandbox but the last is deleted before
+	// the next create: the rows after it run beside one sandbox, not beside
 	// every sandbox the create row made (idle VMs under TCG cost CPU).
 	for i := 0; i < creates; i++ {
+		if i > 0 {
+			deleted(ctx, c, made[len(made)-1])
+		}
 		id, d, err := b.create(ctx)
 		if id != "" {
 			made = append(made, id)
@@ -220,8 +233,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		ds = append(ds, d)
-		if i < creates-1 {
-			deleted(ctx, c, id)
+		if i == 0 && cfg.Baseline != nil && !cfg.EgressOnly {
+			if err := b.openBare(ctx, rep.Runtime, id); err != nil {
+				return nil, err
+			}
+		}
+		if b.bare != nil {
+			if i > 0 {
+				if err := b.bare.Delete(ctx); err != nil {
+					return nil, fmt.Errorf("baseline: delete: %w", err)
+				}
+			}
+			start := time.Now()
+			if err := b.bare.Create(ctx); err != nil {
+				return nil, fmt.Errorf("baseline: create: %w", err)
+			}
+			bareXs = append(bareXs, msSince(start))
 		}
 	}
 	id := made[len(made)-1]
@@ -238,7 +265,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		defer func() { rep.Rows = append(rep.Rows, rows...) }()
 	}
-	rep.Rows = append(rep.Rows, latencyRow(bareCreate, "create → running (API call to operation succeeded; a warm pool serves it when one is set)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds))
+	rep.Rows = append(rep.Rows, b.compared(latencyRow(bareCreate, "create → running (API call to operation succeeded; a warm pool serves it when one is set)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds), bareXs))
 
 	say("exec round trip (`true`), %d runs", cfg.Runs)
 	// One command first, not measured: the bare row's sandbox ran its
@@ -247,15 +274,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if _, _, err := b.run(ctx, id, "true"); err != nil {
 		return nil, err
 	}
-	ds = nil
+	ds, bareXs = nil, nil
 	for i := 0; i < cfg.Runs; i++ {
 		d, _, err := b.run(ctx, id, "true")
 		if err != nil {
 			return nil, err
 		}
 		ds = append(ds, d)
+		if x, err := b.bareExec(ctx, io.Discard, "true"); err != nil {
+			return nil, err
+		} else if x > 0 {
+			bareXs = append(bareXs, x)
+		}
 	}
-	rep.Rows = append(rep.Rows, latencyRow(bareExec, "exec round trip: session + attach + true → process_exited", "p50 ≤ 5 ms", ds))
+	rep.Rows = append(rep.Rows, b.compared(latencyRow(bareExec, "exec round trip: session + attach + true → process_exited", "p50 ≤ 5 ms", ds), bareXs))
 
 	sse := *c
 	sse.SSE = true
@@ -274,6 +306,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	} {
 		say("stdout streaming %s: %s, %d runs", s.how, s.what, streamRuns(cfg.Runs))
 		var rates []float64
+		bareXs = nil
 		for range streamRuns(cfg.Runs) {
 			d, n, err := b.runWith(ctx, s.c, id, s.argv...)
 			if err != nil {
@@ -283,12 +316,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				return nil, fmt.Errorf("%s streamed %d bytes, want %d", s.what, n, cfg.StreamBytes)
 			}
 			rates = append(rates, float64(n)/(1<<20)/d.Seconds())
+			var w countWriter
+			if x, err := b.bareExec(ctx, &w, s.argv...); err != nil {
+				return nil, err
+			} else if x > 0 {
+				if w.n.Load() != cfg.StreamBytes {
+					return nil, fmt.Errorf("baseline: %v: %d bytes, want %d", s.argv, w.n.Load(), cfg.StreamBytes)
+				}
+				bareXs = append(bareXs, float64(cfg.StreamBytes)/(1<<20)/(x/1000))
+			}
 		}
-		rep.Rows = append(rep.Rows, rateRow(s.key, "stdout streaming "+s.how+" ("+s.what+")", "MiB/s", s.target, rates))
+		rep.Rows = append(rep.Rows, b.compared(rateRow(s.key, "stdout streaming "+s.how+" ("+s.what+")", "MiB/s", s.target, rates), bareXs))
 	}
 
 	say("pause/wake, %d runs", cfg.Runs)
 	var pauses, wakes []time.Duration
+	var barePauses, bareResumes []float64
 	for i := 0; i < cfg.Runs; i++ {
 		p, err := b.step(ctx, id, "pause")
 		if err != nil {
@@ -299,12 +342,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		pauses, wakes = append(pauses, p), append(wakes, w)
+		if b.bare != nil {
+			p, err := timed(ctx, "pause", b.bare.Pause)
+			if err != nil {
+				return nil, err
+			}
+			r, err := timed(ctx, "resume", b.bare.Resume)
+			if err != nil {
+				return nil, err
+			}
+			barePauses, bareResumes = append(barePauses, p), append(bareResumes, r)
+		}
 	}
-	rep.Rows = append(rep.Rows, latencyRow(barePause, "pause → paused", "p50 ≤ 20 ms; ≤ 1.1× bare", pauses), latencyRow(bareResume, "wake (paused) → running", "p50 ≤ 20 ms; ≤ 1.1× bare", wakes))
+	rep.Rows = append(rep.Rows, b.compared(latencyRow(barePause, "pause → paused", "p50 ≤ 20 ms; ≤ 1.1× bare", pauses), barePauses),
+		b.compared(latencyRow(bareResume, "wake (paused) → running", "p50 ≤ 20 ms; ≤ 1.1× bare", wakes), bareResumes))
 
 	runs := max(1, cfg.Runs/2)
 	say("suspend/wake with %d MiB dirty, %d runs", cfg.DirtyMiB, runs)
 	var susp, rest []time.Duration
+	var bareSusp, bareRest []float64
 	for i := 0; i < runs; i++ {
 		if _, _, err := b.run(ctx, id, dirtyArgv(cfg.DirtyMiB)...); err != nil {
 			return nil, err
@@ -318,12 +374,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		susp, rest = append(susp, s), append(rest, w)
+		if b.bare != nil {
+			if _, err := b.bareExec(ctx, io.Discard, dirtyArgv(cfg.DirtyMiB)...); err != nil {
+				return nil, err
+			}
+			s, err := timed(ctx, "suspend", b.bare.Suspend)
+			if err != nil {
+				return nil, err
+			}
+			w, err := timed(ctx, "wake", b.bare.Wake)
+			if err != nil {
+				return nil, err
+			}
+			bareSusp, bareRest = append(bareSusp, s), append(bareRest, w)
+		}
 	}
-	rep.Rows = append(rep.Rows, latencyRow(bareSuspend, fmt.Sprintf("suspend → suspended (%d MiB dirty)", cfg.DirtyMiB), "p50 ≤ 300 ms; ≤ 1.1× bare", susp),
-		latencyRow(bareWake, "wake (suspended) → running", "p50 ≤ 150 ms; < bare", rest))
+	rep.Rows = append(rep.Rows, b.compared(latencyRow(bareSuspend, fmt.Sprintf("suspend → suspended (%d MiB dirty)", cfg.DirtyMiB), "p50 ≤ 300 ms; ≤ 1.1× bare", susp), bareSusp),
+		b.compared(latencyRow(bareWake, "wake (suspended) → running", "p50 ≤ 150 ms; < bare", rest), bareRest))
 
 	say("fork ×1 with %d MiB dirty, %d runs", cfg.DirtyMiB, runs)
 	var forks []time.Duration
+	bareXs = nil
 	for i := 0; i < runs; i++ {
 		// Dirty again first, as the suspend row does: the fork is of a
 		// running sandbox, not of one still paging its memory in after
@@ -353,9 +424,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, f := range copies {
 			deleted(ctx, c, f.ID)
 		}
+		if b.bare != nil {
+			if _, err := b.bareExec(ctx, io.Discard, dirtyArgv(cfg.DirtyMiB)...); err != nil {
+				return nil, err
+			}
+			x, err := timed(ctx, "fork", b.bare.Fork)
+			if err != nil {
+				return nil, err
+			}
+			bareXs = append(bareXs, x)
+		}
 	}
 	if len(forks) > 0 {
-		rep.Rows = append(rep.Rows, latencyRow(bareFork, fmt.Sprintf("fork ×1 → running (%d MiB dirty)", cfg.DirtyMiB), "gvisor p50 ≤ 300 ms", forks))
+		rep.Rows = append(rep.Rows, b.compared(latencyRow(bareFork, fmt.Sprintf("fork ×1 → running (%d MiB dirty)", cfg.DirtyMiB), "gvisor p50 ≤ 300 ms", forks), bareXs))
 		say("create from a snapshot (%d MiB dirty), %d runs", cfg.DirtyMiB, runs)
 		snap, op, err := c.CreateSnapshot(ctx, id, "", "")
 		if err != nil {
@@ -365,7 +446,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if op, err = c.WaitOperation(ctx, op.ID); err != nil || op.State != "succeeded" {
 			return nil, fmt.Errorf("snapshot: %v %+v", err, op)
 		}
+		// The bare side saves once too; its starts leave the save as it
+		// was (as a snapshot must stay), and its sandbox comes back from
+		// it after.
+		if b.bare != nil {
+			if err := b.bare.Suspend(ctx); err != nil {
+				return nil, fmt.Errorf("baseline: suspend: %w", err)
+			}
+		}
 		var froms []time.Duration
+		bareXs = nil
 		for i := 0; i < runs; i++ {
 			start := time.Now()
 			out, _, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap.ID}, "")
@@ -378,8 +468,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			froms = append(froms, time.Since(start))
 			deleted(ctx, c, out.Sandbox.ID)
+			if b.bare != nil {
+				x, err := timed(ctx, "start from a save", b.bare.FromSave)
+				if err != nil {
+					return nil, err
+				}
+				bareXs = append(bareXs, x)
+			}
 		}
-		rep.Rows = append(rep.Rows, latencyRow(bareFrom, fmt.Sprintf("create from a snapshot → running (%d MiB dirty)", cfg.DirtyMiB), "≤ create from the template", froms))
+		if b.bare != nil {
+			if err := b.bare.Wake(ctx); err != nil {
+				return nil, fmt.Errorf("baseline: wake: %w", err)
+			}
+		}
+		rep.Rows = append(rep.Rows, b.compared(latencyRow(bareFrom, fmt.Sprintf("create from a snapshot → running (%d MiB dirty)", cfg.DirtyMiB), "≤ create from the template", froms), bareXs))
 	}
 
 	say("control-plane reads for %.0fs", cfg.ReadSeconds)
@@ -387,12 +489,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep.Rows = append(rep.Rows, rateRow("reads", "control-plane reads: GET /v1/sandboxes/{id}, 16 connections", "req/s", "≥ 10,000 req/s", []float64{rps}))
+	rep.Rows = append(rep.Rows, b.compared(rateRow("reads", "control-plane reads: GET /v1/sandboxes/{id}, 16 connections", "req/s", "≥ 10,000 req/s", []float64{rps}), nil))
 
-	if cfg.Baseline != nil {
-		if err := b.baseline(ctx, rep, id); err != nil {
-			return nil, err
+	if b.bare != nil {
+		if err := b.bare.Delete(ctx); err != nil {
+			return nil, fmt.Errorf("baseline: delete: %w", err)
 		}
+		rep.Baseline = true
 	}
 	printTable(cfg.Out, rep)
 	return rep, nil
@@ -434,28 +537,6 @@ func readRate(ctx context.Context, cfg Config, id string) (float64, error) {
 		return 0, e
 	}
 	return float64(count.Load()) / time.Since(start).Seconds(), nil
-}
-
-// baseline measures the bare runtime doing each row's work with the
-// template and resources of the SPACE sandbox id, and fills the rows' bare
-// columns.
-func (b *bench) baseline(ctx context.Context, rep *Report, id string) error {
-	sb, err := b.c.GetSandbox(ctx, id)
-	if err != nil {
-		return err
-	}
-	bare, err := b.cfg.Baseline(ctx, rep.Runtime, BareSpec{TemplateDigest: sb.Template.Digest, Resources: sb.Resources})
-	if err != nil {
-		return fmt.Errorf("baseline: %w", err)
-	}
-	defer bare.Close()
-	rows, err := b.bareRows(ctx, bare)
-	if err != nil {
-		return fmt.Errorf("baseline: %w", err)
-	}
-	withBaseline(rep, rows, bare)
-	rep.Baseline = true
-	return nil
 }
 
 func printTable(w io.Writer, rep *Report) {
