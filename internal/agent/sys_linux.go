@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"os"
+	"strconv"
 	"syscall"
 	"unsafe"
 
@@ -35,6 +36,11 @@ func configure(c proto.Configure, entropy []byte) error {
 			return proto.Errorf(proto.CodeInternal, "configure network: %v", err)
 		}
 	}
+	if c.CPUs > 0 && os.Getpid() == 1 {
+		if err := limitCPUs(c.CPUs); err != nil {
+			return proto.Errorf(proto.CodeInternal, "limit CPUs: %v", err)
+		}
+	}
 	if c.UnixNano != 0 {
 		tv := unix.NsecToTimeval(c.UnixNano)
 		// A user-space kernel such as gVisor takes its time from the host
@@ -46,6 +52,58 @@ func configure(c proto.Configure, entropy []byte) error {
 	if len(entropy) > 0 {
 		if err := addEntropy(entropy); err != nil {
 			return proto.Errorf(proto.CodeInternal, "reseed RNG: %v", err)
+		}
+	}
+	return nil
+}
+
+// limitCPUs lets the agent's threads, and so every process it starts from
+// now on (a child inherits its parent thread's affinity), run on the first
+// n of the CPUs they may use, when there are more. gVisor shows a sandbox at
+// least two CPUs whatever its CPU quota (runsc floors the count at 2), so a
+// 1-vCPU sandbox's nproc, Go's NumCPU, Node's availableParallelism and
+// make -j$(nproc) saw two and oversubscribed the one CPU's time it has; they
+// read the affinity. The kernel's own count (/proc/cpuinfo) stays as it is.
+func limitCPUs(n int) error {
+	var cur unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &cur); err != nil {
+		return err
+	}
+	if cur.Count() <= n {
+		return nil
+	}
+	var want unix.CPUSet
+	for cpu, k := 0, 0; k < n && cpu < 8*int(unsafe.Sizeof(cur)); cpu++ {
+		if cur.IsSet(cpu) {
+			want.Set(cpu)
+			k++
+		}
+	}
+	// Every thread: a thread the runtime starts meanwhile inherits the
+	// affinity of the one starting it, so passes repeat until one finds
+	// nothing left to change.
+	for pass := 0; pass < 5; pass++ {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return err
+		}
+		changed := false
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			var got unix.CPUSet
+			if unix.SchedGetaffinity(tid, &got) == nil && got == want {
+				continue
+			}
+			if err := unix.SchedSetaffinity(tid, &want); err != nil && !errors.Is(err, unix.ESRCH) {
+				return err
+			}
+			changed = true
+		}
+		if !changed {
+			return nil
 		}
 	}
 	return nil

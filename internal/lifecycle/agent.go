@@ -66,7 +66,7 @@ func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.
 		e.log.Debug("no agent to configure", "sandbox_id", spec.SandboxID, "err", err)
 		return
 	}
-	id := sandboxio.Identity{Now: time.Now(), Entropy: make([]byte, 64)}
+	id := sandboxio.Identity{Now: time.Now(), Entropy: make([]byte, 64), CPUs: spec.Resources.VCPUs}
 	if withHostname {
 		id.Hostname = Hostname(spec.SandboxID)
 		if n := spec.Net; n != nil {

@@ -18,11 +18,14 @@ type Identity struct {
 	Address      netip.Prefix
 	Gateway, DNS netip.Addr
 	Entropy      []byte // mixed into the kernel's pool
+	// CPUs is the sandbox's vCPUs, what the processes it runs see (their
+	// CPU affinity) where the kernel shows more (gVisor shows at least 2).
+	CPUs int
 }
 
 // Configure gives the sandbox its identity.
 func (a *Agent) Configure(ctx context.Context, id Identity) error {
-	cfg := proto.Configure{Hostname: id.Hostname, UnixNano: id.Now.UnixNano()}
+	cfg := proto.Configure{Hostname: id.Hostname, UnixNano: id.Now.UnixNano(), CPUs: id.CPUs}
 	if id.Address.IsValid() {
 		cfg.Network = &proto.NetConfig{Address: id.Address.String(), Gateway: id.Gateway.String(), DNS: id.DNS.String()}
 	}

@@ -119,6 +119,10 @@ type Configure struct {
 	UnixNano int64 `json:"unix_nano,omitempty"`
 	// Network configures the sandbox's network when present.
 	Network *NetConfig `json:"network,omitempty"`
+	// CPUs is the sandbox's vCPUs: the processes the agent starts from then
+	// on may run on that many of the CPUs the kernel shows (their
+	// affinity), when it shows more. 0: unchanged.
+	CPUs int `json:"cpus,omitempty"`
 }
 
 // NetConfig is a sandbox's network as the agent sets it up: lo up, the
