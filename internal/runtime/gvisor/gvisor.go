@@ -344,6 +344,12 @@ func (r *Runtime) state(ctx context.Context, spec runtime.Spec) (*containerState
 	if err := json.Unmarshal(out, &st); err != nil {
 		return nil, fmt.Errorf("decode runsc state: %w", err)
 	}
+	if (st.Status == "running" || st.Status == "paused") && r.ended(spec.SandboxID) {
+		// runsc asks the process with a signal, which a zombie or a
+		// process tearing down (killed as it was restored, say) still
+		// takes: it is stopped.
+		st.Status = "stopped"
+	}
 	return &st, nil
 }
 

@@ -4,6 +4,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,17 +21,22 @@ import (
 )
 
 // testRuntime gives a function opening the runtime over one state
-// directory (each call: a new server over the same host) and one making the
-// spec of a new sandbox of the test template (1 vCPU, 256 MiB), deleted at
-// the end of the test.
-func testRuntime(t *testing.T) (open func() *Runtime, newSpec func() runtime.Spec) {
+// directory (each call: a new server over the same host; a runsc named
+// there is used instead of the real one, a wrapper injecting a fault) and
+// one making the spec of a new sandbox of the test template (1 vCPU,
+// 256 MiB), deleted at the end of the test.
+func testRuntime(t *testing.T) (open func(wrapper ...string) *Runtime, newSpec func() runtime.Spec) {
 	runsc, _ := runtimetest.RequireRunsc(t)
 	agent := runtimetest.BuildAgent(t)
 	store, tpl := runtimetest.TestTemplate(t)
 	dir := t.TempDir()
 	t.Cleanup(func() { syscall.Unmount(filepath.Join(dir, "runsc", "null-netns"), syscall.MNT_DETACH) })
-	open = func() *Runtime {
-		r, err := New(Config{Runsc: runsc, Dir: dir, AgentBin: agent, Templates: store})
+	open = func(wrapper ...string) *Runtime {
+		bin := runsc
+		if len(wrapper) > 0 {
+			bin = wrapper[0]
+		}
+		r, err := New(Config{Runsc: bin, Dir: dir, AgentBin: agent, Templates: store})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,6 +66,27 @@ func started(ctx context.Context, t *testing.T, r *Runtime, newSpec func() runti
 	return spec, c
 }
 
+// writeKept writes the file expectKept looks for.
+func writeKept(ctx context.Context, t *testing.T, c *agentclient.Client) {
+	t.Helper()
+	if _, err := c.WriteFile(ctx, "/root/kept.txt", 0o600, strings.NewReader("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectKept fails the test unless the sandbox on r has the file
+// writeKept wrote.
+func expectKept(ctx context.Context, t *testing.T, r *Runtime, spec runtime.Spec) {
+	t.Helper()
+	c, err := r.Agent(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := c.ReadFile(ctx, "/root/kept.txt", 0, 100); err != nil || string(b) != "kept" {
+		t.Fatalf("the file written before: %q %v", b, err)
+	}
+}
+
 // startShell starts `sh -c script` in the sandbox as process id.
 func startShell(ctx context.Context, t *testing.T, c *agentclient.Client, id, script string) {
 	t.Helper()
@@ -83,9 +110,7 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 	defer cancel()
 	r := open()
 	spec, c := started(ctx, t, r, newSpec)
-	if _, err := c.WriteFile(ctx, "/root/kept.txt", 0o600, strings.NewReader("kept"), 0); err != nil {
-		t.Fatal(err)
-	}
+	writeKept(ctx, t, c)
 
 	// The killed server's suspend, up to the kill of the sandbox.
 	id := spec.SandboxID
@@ -120,13 +145,7 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 	if err := r.Restore(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	c, err := r.Agent(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, b, err := c.ReadFile(ctx, "/root/kept.txt", 0, 100); err != nil || string(b) != "kept" {
-		t.Fatalf("after the wake: %q %v", b, err)
-	}
+	expectKept(ctx, t, r, spec)
 }
 
 // A suspend leaves the snapshot directory holding its own generation
@@ -173,4 +192,59 @@ func TestSuspendDiscardsTheOlderGenerationLater(t *testing.T) {
 	if err := r.Restore(ctx, spec); err != nil {
 		t.Fatalf("wake from the kept generation: %v", err)
 	}
+}
+
+// A sandbox whose process ends while it is restored fails the wake at
+// once, saying so, instead of being waited for until the operation's
+// timeout (ten minutes by default; here the test's minute) — and stays
+// suspended: its save is still the state to wake from, and the next wake
+// does. The fault is injected by a runsc wrapper that kills the sandbox the
+// moment `runsc restore` returns.
+func TestRestoreOfASandboxThatDiesFailsAtOnceFaultInjected(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, c := started(ctx, t, r, newSpec)
+	writeKept(ctx, t, c)
+	if err := r.Suspend(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+
+	runsc, _ := runtimetest.RequireRunsc(t)
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := `#!/bin/sh
+"` + runsc + `" "$@"
+rc=$?
+case " $* " in *" restore "*)
+	prev=
+	for a in "$@"; do
+		[ "$prev" = --pid-file ] && kill -9 "$(cat "$a")"
+		prev=$a
+	done ;;
+esac
+exit $rc
+`
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r = open(wrapper)
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	err := r.Restore(wctx, spec)
+	if !errors.Is(err, errEnded) {
+		t.Fatalf("the wake of a sandbox killed as it was restored: %v, want %v", err, errEnded)
+	}
+	// What the server observes next (at once: the killed process may
+	// still be a zombie runsc calls running).
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusSuspended {
+		t.Fatalf("after the failed wake: %v %v, want suspended", st, err)
+	}
+	r.Close()
+	r = open()
+	if err := r.Restore(ctx, spec); err != nil {
+		t.Fatalf("the next wake: %v", err)
+	}
+	expectKept(ctx, t, r, spec)
 }
