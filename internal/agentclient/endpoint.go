@@ -3,6 +3,7 @@ package agentclient
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -311,6 +312,42 @@ var AnswerTimeout = 10 * time.Second
 // finished its handshake but does not answer (the agent dropped that
 // session) is hung up, so the agent dials again (a VM's QEMU reconnects),
 // instead of waiting on it until ctx ends.
+// ErrHostEnded: the sandbox's host process (gVisor's sandbox process, the
+// VM's QEMU) ended while its agent was waited for.
+var ErrHostEnded = errors.New("the sandbox's process ended before its agent answered")
+
+// WaitAlive is Wait that gives up as soon as alive says the sandbox's host
+// process has ended (asked every 50 ms): a sandbox that dies while it
+// starts or wakes was otherwise waited for until ctx ended — an operation's
+// timeout, ten minutes by default.
+func (s *Endpoints) WaitAlive(ctx context.Context, id string, alive func() bool) error {
+	if !alive() {
+		return fmt.Errorf("%s: %w", id, ErrHostEnded)
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			if !alive() {
+				cancel(fmt.Errorf("%s: %w", id, ErrHostEnded))
+				return
+			}
+		}
+	}()
+	err := s.Wait(wctx, id)
+	if cause := context.Cause(wctx); err != nil && ctx.Err() == nil && errors.Is(cause, ErrHostEnded) {
+		return cause
+	}
+	return err
+}
+
 func (s *Endpoints) Wait(ctx context.Context, id string) error {
 	for {
 		c, err := s.Client(ctx, id)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,5 +159,43 @@ func TestAgentKeyRefusesAnImpostor(t *testing.T) {
 	}
 	if _, err := c2.Info(ctx); err != nil {
 		t.Fatalf("the genuine agent after a host restart: %v", err)
+	}
+}
+
+// WaitAlive gives up as soon as the sandbox's host process is said to have
+// ended (a FAULT-INJECTION liveness that turns false), where Wait would
+// wait for the agent until the context ends; with the host alive and the
+// agent connecting, it succeeds as Wait does.
+func TestWaitAliveGivesUpWhenTheHostEnds(t *testing.T) {
+	dir := t.TempDir()
+	eps := agentclient.NewEndpoints(func(id string) string { return filepath.Join(dir, id+".sock") }, slog.New(slog.DiscardHandler))
+	defer eps.CloseAll()
+	if _, err := eps.Get("sbx"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var ended atomic.Bool
+	time.AfterFunc(100*time.Millisecond, func() { ended.Store(true) })
+	err := eps.WaitAlive(ctx, "sbx", func() bool { return !ended.Load() })
+	if !errors.Is(err, agentclient.ErrHostEnded) || ctx.Err() != nil {
+		t.Fatalf("WaitAlive with the host gone = %v (context: %v)", err, ctx.Err())
+	}
+
+	a, err := agent.New(agent.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	go func() {
+		conn, err := net.Dial("unix", filepath.Join(dir, "sbx.sock"))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		a.Serve(ctx, conn)
+	}()
+	if err := eps.WaitAlive(ctx, "sbx", func() bool { return true }); err != nil {
+		t.Fatalf("WaitAlive with the host alive = %v", err)
 	}
 }

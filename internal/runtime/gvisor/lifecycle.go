@@ -188,43 +188,13 @@ func (r *Runtime) ready(ctx context.Context, spec runtime.Spec, started bool) er
 	return nil
 }
 
-// errEnded: the sandbox's process ended while it was waited for.
-var errEnded = errors.New("the sandbox's process ended before its agent answered")
-
 // waitAgentAlive waits for the sandbox's agent to answer, and gives up as
-// soon as the sandbox's process ends: a sandbox that dies while it starts
-// or is restored was otherwise waited for until ctx ended — an
-// operation's timeout, ten minutes by default.
+// soon as the sandbox's process, as the pid file names it, ends.
 func (r *Runtime) waitAgentAlive(ctx context.Context, id string) error {
-	pid := r.pidOf(id)
-	switch {
-	case pid == 0:
+	if r.pidOf(id) == 0 {
 		return r.waitAgent(ctx, id) // no process named to watch
-	case r.ended(id):
-		return fmt.Errorf("%s: %w", id, errEnded) // named just now by runsc, and gone already
 	}
-	wctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-			}
-			if r.ended(id) {
-				cancel(fmt.Errorf("%s: %w", id, errEnded))
-				return
-			}
-		}
-	}()
-	err := r.waitAgent(wctx, id)
-	if cause := context.Cause(wctx); err != nil && ctx.Err() == nil && errors.Is(cause, errEnded) {
-		return cause
-	}
-	return err
+	return r.endpoints.WaitAlive(ctx, id, func() bool { return !r.ended(id) })
 }
 
 // Pause freezes every task of the sandbox (already paused is success):

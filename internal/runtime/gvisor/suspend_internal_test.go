@@ -233,8 +233,8 @@ exit $rc
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 	defer wcancel()
 	err := r.Restore(wctx, spec)
-	if !errors.Is(err, errEnded) {
-		t.Fatalf("the wake of a sandbox killed as it was restored: %v, want %v", err, errEnded)
+	if !errors.Is(err, agentclient.ErrHostEnded) {
+		t.Fatalf("the wake of a sandbox killed as it was restored: %v, want %v", err, agentclient.ErrHostEnded)
 	}
 	// What the server observes next (at once: the killed process may
 	// still be a zombie runsc calls running).

@@ -395,9 +395,16 @@ func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) { return r.
 
 func (r *Runtime) closeEndpoint(id string) { r.endpoints.Close(id) }
 
-// waitAgent waits until the agent answers.
+// waitAgent waits until the agent answers, or until the VM's QEMU ends
+// (when one runs for it: then it fails at once, not at ctx's end).
 func (r *Runtime) waitAgent(ctx context.Context, id string) error {
-	if err := r.endpoints.Wait(ctx, id); err != nil {
+	wait := r.endpoints.Wait
+	if r.qemuPID(id) != 0 {
+		wait = func(ctx context.Context, id string) error {
+			return r.endpoints.WaitAlive(ctx, id, func() bool { return r.qemuPID(id) != 0 })
+		}
+	}
+	if err := wait(ctx, id); err != nil {
 		b, _ := os.ReadFile(filepath.Join(r.sandboxDir(id), "console.log"))
 		return fmt.Errorf("%w (console: %s)", err, lastLine(string(b)))
 	}
