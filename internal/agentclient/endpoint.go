@@ -312,6 +312,26 @@ var AnswerTimeout = 10 * time.Second
 // finished its handshake but does not answer (the agent dropped that
 // session) is hung up, so the agent dials again (a VM's QEMU reconnects),
 // instead of waiting on it until ctx ends.
+func (s *Endpoints) Wait(ctx context.Context, id string) error {
+	for {
+		c, err := s.Client(ctx, id)
+		if err != nil {
+			return err
+		}
+		actx, cancel := context.WithTimeout(ctx, AnswerTimeout)
+		_, err = c.Info(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("agent of %s: %w", id, err)
+		}
+		s.log.Warn("agent connected but does not answer; hanging up so it reconnects", "sandbox_id", id, "err", err)
+		c.Close()
+	}
+}
+
 // ErrHostEnded: the sandbox's host process (gVisor's sandbox process, the
 // VM's QEMU) ended while its agent was waited for.
 var ErrHostEnded = errors.New("the sandbox's process ended before its agent answered")
@@ -346,24 +366,4 @@ func (s *Endpoints) WaitAlive(ctx context.Context, id string, alive func() bool)
 		return cause
 	}
 	return err
-}
-
-func (s *Endpoints) Wait(ctx context.Context, id string) error {
-	for {
-		c, err := s.Client(ctx, id)
-		if err != nil {
-			return err
-		}
-		actx, cancel := context.WithTimeout(ctx, AnswerTimeout)
-		_, err = c.Info(actx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("agent of %s: %w", id, err)
-		}
-		s.log.Warn("agent connected but does not answer; hanging up so it reconnects", "sandbox_id", id, "err", err)
-		c.Close()
-	}
 }
