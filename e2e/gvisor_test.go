@@ -52,27 +52,15 @@ func TestRealRuntimes(t *testing.T) {
 func testCommandsSeeTheSandboxVCPUs(t *testing.T, rt string) {
 	s := startRuntimeServer(t, rt)
 	for _, vcpus := range []int{1, 2} {
-		body, _ := json.Marshal(map[string]any{"template": s.template, "runtime": rt, "resources": map[string]any{"vcpus": vcpus}})
-		r := s.do("POST", "/v1/sandboxes", s.token, body)
-		var out struct {
-			Sandbox   struct{ ID string }
-			Operation struct{ ID string }
-		}
-		r.json(t, &out)
-		if r.status != 202 {
-			t.Fatalf("create: %d %s", r.status, r.body)
-		}
-		if op := s.waitOp(out.Operation.ID); op.State != "succeeded" {
-			t.Fatalf("create failed: %+v", op.Error)
-		}
+		sbx := s.createWith(t, map[string]any{"template": s.template, "runtime": rt, "resources": map[string]any{"vcpus": vcpus}}).ID
 		want := fmt.Sprint(vcpus)
-		if got, code := s.sh(out.Sandbox.ID, "nproc"); strings.TrimSpace(got) != want || code != 0 {
+		if got, code := s.sh(sbx, "nproc"); strings.TrimSpace(got) != want || code != 0 {
 			t.Fatalf("%d vCPUs: nproc says %q (exit %d)", vcpus, got, code)
 		}
 		if vcpus == 1 {
-			s.lifecycle(out.Sandbox.ID, "suspend", "suspended")
-			s.lifecycle(out.Sandbox.ID, "wake", "running")
-			if got, _ := s.sh(out.Sandbox.ID, "nproc"); strings.TrimSpace(got) != want {
+			s.lifecycle(sbx, "suspend", "suspended")
+			s.lifecycle(sbx, "wake", "running")
+			if got, _ := s.sh(sbx, "nproc"); strings.TrimSpace(got) != want {
 				t.Fatalf("after a wake, 1 vCPU: nproc says %q", got)
 			}
 		}

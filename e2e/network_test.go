@@ -49,7 +49,14 @@ type netSandbox struct {
 
 func (s *server) createWithNetwork(t *testing.T, rt string, network map[string]any) netSandbox {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"template": "seed:latest", "runtime": rt, "network": network})
+	return s.createWith(t, map[string]any{"template": "seed:latest", "runtime": rt, "network": network})
+}
+
+// createWith creates a sandbox from the request's fields and waits until
+// it runs.
+func (s *server) createWith(t *testing.T, fields map[string]any) netSandbox {
+	t.Helper()
+	body, _ := json.Marshal(fields)
 	r := s.do("POST", "/v1/sandboxes", s.token, body)
 	var out struct {
 		Sandbox   netSandbox
