@@ -244,11 +244,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 					return nil, fmt.Errorf("baseline: delete: %w", err)
 				}
 			}
-			start := time.Now()
-			if err := b.bare.Create(ctx); err != nil {
-				return nil, fmt.Errorf("baseline: create: %w", err)
+			x, err := timed(ctx, "create", b.bare.Create)
+			if err != nil {
+				return nil, err
 			}
-			bareXs = append(bareXs, msSince(start))
+			bareXs = append(bareXs, x)
 		}
 	}
 	id := made[len(made)-1]
