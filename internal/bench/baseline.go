@@ -81,7 +81,7 @@ var bareNotes = map[bareKey]string{
 	bareDD:     "the command's stdout on a host pipe",
 	bareHead:   "the command's stdout on a host pipe",
 	bareWake:   "restore + first command",
-	bareFork:   "save leaving the sandbox running + restore a copy + first command",
+	bareFork:   "save leaving the sandbox running, then restore a copy + first command (SPACE on gvisor makes the copy beside the save)",
 	bareFrom:   "restore a copy of a save, which stays as it was + first command",
 }
 

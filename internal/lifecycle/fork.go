@@ -151,18 +151,26 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 		defer close(sourceDone)
 		_, sourceErr = e.saveSource(ctx, rt, srcSb, dir, markSaved)
 	}()
-	select {
-	case <-savedCh:
-	case <-sourceDone:
-		// sourceErr may be read only here and after the second wait: while
-		// the save goes on it is being written.
-		if sourceErr != nil {
-			log.Error("fork: save the source", "err", sourceErr)
-			failAll(sourceErr)
-			return
+	// saveDone waits for the save: false when it failed (the copies are
+	// then not started).
+	saveDone := func() bool {
+		select {
+		case <-savedCh:
+			return true
+		case <-sourceDone:
+			// sourceErr may be read only here and after the last wait:
+			// while the save goes on it is being written.
+			if sourceErr != nil {
+				return false
+			}
+			markSaved()
+			return true
 		}
-		markSaved()
 	}
+	// Each copy is attached to its network and, where the runtime can,
+	// prepared (its host side started) while the source is being saved;
+	// it starts from the save once that is complete.
+	prep, _ := rt.(runtime.CopyPreparer)
 	var wg sync.WaitGroup
 	errs := make([]error, len(op.Sandboxes))
 	for i, id := range op.Sandboxes {
@@ -180,12 +188,27 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 				errs[i] = err
 				return
 			}
+			if prep != nil {
+				if err := prep.PrepareCopy(ctx, spec, e.spec(srcSb)); err != nil {
+					errs[i] = fmt.Errorf("prepare fork %s: %w", id, err)
+					return
+				}
+			}
+			if !saveDone() {
+				return
+			}
 			if err := snap.CreateFrom(ctx, spec, dir); err != nil {
 				errs[i] = fmt.Errorf("start fork %s: %w", id, err)
 				return
 			}
 			e.identify(ctx, rt, spec, true)
 		}()
+	}
+	if !saveDone() {
+		wg.Wait()
+		log.Error("fork: save the source", "err", sourceErr)
+		failAll(sourceErr)
+		return
 	}
 	wg.Wait()
 	<-sourceDone

@@ -165,6 +165,17 @@ type Snapshotter interface {
 	CreateFrom(ctx context.Context, spec Spec, dir string) error
 }
 
+// CopyPreparer is a Snapshotter that can do a copy's host-side start
+// before the save it restores from exists, so that a fork overlaps that
+// start with the source's save and CreateFrom then only loads the save
+// (gVisor: the copy's sandbox process and gofer created, waiting for the
+// image). PrepareCopy readies copy spec of sandbox source; it may be
+// called again after a crash; Delete undoes it. CreateFrom accepts a copy
+// prepared or not.
+type CopyPreparer interface {
+	PrepareCopy(ctx context.Context, spec, source Spec) error
+}
+
 // Templates gives a runtime a template digest's root file system and the
 // environment and working directory the template asks for
 // (internal/templates).

@@ -99,6 +99,9 @@ type Runtime struct {
 	// deleting holds, per sandbox, a background `runsc delete` of its
 	// suspended container (a chan struct{} closed when it is done).
 	deleting sync.Map
+	// prepared holds the copies PrepareCopy created, waiting for their
+	// image (snapshot.go).
+	prepared sync.Map
 
 	// firstStart serialises starts of sandboxes without a network until
 	// runsc has made its shared empty network-namespace mount; concurrent

@@ -609,6 +609,7 @@ func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	r.exits.Stop(id)
 	r.earlierChecked.Delete(id)
+	r.prepared.Delete(id)
 	r.closeEndpoint(id)
 	if st, err := r.state(ctx, spec); err != nil {
 		return err

@@ -297,10 +297,51 @@ func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string)
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
 		return fmt.Errorf("create %s from %s: %w", id, dir, err)
 	}
-	if done, err := r.prepare(ctx, spec, dir); done || err != nil {
-		return err
+	if _, ok := r.prepared.LoadAndDelete(id); !ok {
+		if done, err := r.prepare(ctx, spec, dir); done || err != nil {
+			return err
+		}
 	}
 	return r.restoreFrom(ctx, spec, dir)
+}
+
+var _ runtime.CopyPreparer = (*Runtime)(nil)
+
+// PrepareCopy does a copy's `runsc create` while its source is being
+// saved: the sandbox process, its gofer and the sentry's boot (about 75 ms
+// here) are then done when the image is complete, and the copy's `runsc
+// restore` only loads it (about 145 ms instead of 210 for 200 MiB). The
+// copy's bundle is made as CreateFrom makes it, with the agent and key of
+// the source's own record (the save copies those). A copy found running
+// or created already (a fork resumed after a restart) is kept.
+func (r *Runtime) PrepareCopy(ctx context.Context, spec, source runtime.Spec) error {
+	id := spec.SandboxID
+	t0 := time.Now()
+	if _, err := os.Stat(r.sandboxDir(id)); err == nil {
+		st, err := r.state(ctx, spec)
+		if err != nil {
+			return err
+		}
+		if st != nil && (st.Status == "created" || st.Status == "running") {
+			if st.Status == "created" {
+				r.prepared.Store(id, true)
+			}
+			return nil
+		}
+	}
+	if done, err := r.prepare(ctx, spec, r.sandboxDir(source.SandboxID)); done || err != nil {
+		return err
+	}
+	bundle, err := r.restoreBundle(id)
+	if err != nil {
+		return err
+	}
+	if err := r.start(ctx, spec, "create", "--pid-file", r.pidPath(id), "--bundle", bundle, id); err != nil {
+		return fmt.Errorf("create %s for its image: %w", id, err)
+	}
+	r.prepared.Store(id, true)
+	r.log.Debug("gvisor: copy prepared", "sandbox_id", id, "took", time.Since(t0))
+	return nil
 }
 
 // restoreImagePrefix names an image a sandbox restored from (in its own

@@ -187,3 +187,82 @@ func TestSnapshotEphemeralSaveFromAnEarlierBootIsNotTrustedFaultInjected(t *test
 		t.Fatalf("the copy's agent: %v", err)
 	}
 }
+
+// A copy prepared while its source has not been saved yet (what a fork
+// does: runsc create beside the save) restores the save into the sandbox
+// process PrepareCopy created, and has the source's files. A server
+// restarted between the two keeps that process (a resumed fork prepares
+// again); Delete removes a prepared copy that never got its image.
+func TestPreparedCopyRestoresTheSaveIntoItsProcess(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, c := started(ctx, t, r, newSpec)
+	if _, err := c.WriteFile(ctx, "/root/before-save", 0o644, strings.NewReader("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+	status := func(r *Runtime, s runtime.Spec) string {
+		t.Helper()
+		st, err := r.state(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st == nil {
+			return "absent"
+		}
+		return st.Status
+	}
+
+	cp := newSpec()
+	if err := r.PrepareCopy(ctx, cp, spec); err != nil {
+		t.Fatal(err)
+	}
+	pid := r.pidOf(cp.SandboxID)
+	if st := status(r, cp); st != "created" || pid == 0 {
+		t.Fatalf("a prepared copy: runsc says %q, pid %d; want created with a process", st, pid)
+	}
+	// The server restarts: the next one prepares the copy again (a
+	// resumed fork) and keeps what the first created.
+	r.Close()
+	r = open()
+	if err := r.PrepareCopy(ctx, cp, spec); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.pidOf(cp.SandboxID); got != pid {
+		t.Fatalf("prepared again after a restart: sandbox process %d, want %d kept", got, pid)
+	}
+
+	img := filepath.Join(t.TempDir(), "image")
+	if err := r.Snapshot(ctx, spec, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CreateFrom(ctx, cp, img); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.pidOf(cp.SandboxID); got != pid {
+		t.Fatalf("the copy runs as process %d, want %d, the one PrepareCopy created", got, pid)
+	}
+	cc, err := r.Agent(ctx, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := cc.ReadFile(ctx, "/root/before-save", 0, 64); err != nil || string(b) != "kept" {
+		t.Fatalf("the copy's file written before the save: %q, %v", b, err)
+	}
+
+	gone := newSpec()
+	if err := r.PrepareCopy(ctx, gone, spec); err != nil {
+		t.Fatal(err)
+	}
+	gpid := r.pidOf(gone.SandboxID)
+	if err := r.Delete(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(r, gone); st != "absent" {
+		t.Fatalf("a deleted prepared copy: runsc says %q", st)
+	}
+	if !waitGone(ctx, gpid, 5*time.Second) {
+		t.Fatalf("a deleted prepared copy's process %d is still there", gpid)
+	}
+}
