@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -273,6 +274,10 @@ func operationError(op sandbox.Operation, cause error) *sandbox.ErrorInfo {
 		return &sandbox.ErrorInfo{Code: kerr.Kind.Code, Message: kerr.Message}
 	case errors.Is(cause, context.DeadlineExceeded):
 		return &sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("%s did not finish in time", op.Kind)}
+	case errors.Is(cause, agentclient.ErrHostEnded):
+		// The sandbox's own process died as it started (out of memory,
+		// killed on the host): not a fault a retry of the same step mends.
+		return &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: fmt.Sprintf("%s failed: the sandbox's process ended before its agent answered; the server log has the details for operation %s", op.Kind, op.ID)}
 	}
 	return &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: fmt.Sprintf("%s failed in the runtime; the server log has the details for operation %s", op.Kind, op.ID)}
 }
