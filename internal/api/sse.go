@@ -2,10 +2,11 @@ package api
 
 import (
 	"bufio"
-	"encoding/base64"
 	"encoding/json"
 	"strconv"
 	"strings"
+
+	"github.com/spacesandbox/space/internal/b64"
 )
 
 // MaxEventID is the largest event id that still carries a chunk's position
@@ -65,12 +66,12 @@ func (s *sseWriter) event(id, name string, data []byte) {
 
 // output writes one output event with its bytes base64-encoded.
 func (s *sseWriter) output(seq uint64, stream string, data []byte) {
-	n := base64.StdEncoding.EncodedLen(len(data))
+	n := b64.EncodedLen(len(data))
 	if cap(s.b64) < n {
 		s.b64 = make([]byte, n)
 	}
 	buf := s.b64[:n]
-	base64.StdEncoding.Encode(buf, data)
+	b64.Encode(buf, data)
 	s.w.WriteString("id: ")
 	s.w.WriteString(eventID(seq))
 	s.w.WriteString("\nevent: output\ndata: {\"stream\":\"")
