@@ -134,10 +134,13 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		return nil, "", apiError(resp.StatusCode, b)
 	}
-	r := bufio.NewReaderSize(resp.Body, 1<<20)
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/octet-stream" {
-		return readFrames(r, lastEventID, fn)
+		return readFrames(bufio.NewReaderSize(resp.Body, 1<<20), lastEventID, fn)
 	}
+	// Room for a whole output line as the server writes it (a chunk of up
+	// to 1 MiB is 1.4 MiB of base64): a line is then used where it lies in
+	// the buffer, not gathered first.
+	r := bufio.NewReaderSize(resp.Body, 3<<19)
 	last := lastEventID
 	var ev Event
 	var data, long, decoded []byte // reused: an event's Data is fn's only until it returns
