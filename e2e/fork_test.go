@@ -471,6 +471,11 @@ func TestForkOnFullDisk(t *testing.T) {
 			if sb.State != "failed" {
 				t.Errorf("%s: fork %s = %s after a failed fork, want failed", rt, f.ID, sb.State)
 			}
+			// gVisor made the copies' sandbox processes beside the save
+			// (PrepareCopy): a failed fork ends them.
+			if pids := sandboxProcesses(f.ID); len(pids) > 0 {
+				t.Errorf("%s: fork %s failed, but its host processes %v still run", rt, f.ID, pids)
+			}
 		}
 		r = s.do("POST", "/v1/sandboxes/"+src+"/snapshots", s.token, nil)
 		var sn struct {
