@@ -199,9 +199,7 @@ func TestPreparedCopyRestoresTheSaveIntoItsProcess(t *testing.T) {
 	defer cancel()
 	r := open()
 	spec, c := started(ctx, t, r, newSpec)
-	if _, err := c.WriteFile(ctx, "/root/before-save", 0o644, strings.NewReader("kept"), 0); err != nil {
-		t.Fatal(err)
-	}
+	writeKept(ctx, t, c)
 	status := func(r *Runtime, s runtime.Spec) string {
 		t.Helper()
 		st, err := r.state(ctx, s)
@@ -243,13 +241,7 @@ func TestPreparedCopyRestoresTheSaveIntoItsProcess(t *testing.T) {
 	if got := r.pidOf(cp.SandboxID); got != pid {
 		t.Fatalf("the copy runs as process %d, want %d, the one PrepareCopy created", got, pid)
 	}
-	cc, err := r.Agent(ctx, cp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, b, err := cc.ReadFile(ctx, "/root/before-save", 0, 64); err != nil || string(b) != "kept" {
-		t.Fatalf("the copy's file written before the save: %q, %v", b, err)
-	}
+	expectKept(ctx, t, r, cp)
 
 	gone := newSpec()
 	if err := r.PrepareCopy(ctx, gone, spec); err != nil {
