@@ -171,6 +171,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	// prepared (its host side started) while the source is being saved;
 	// it starts from the save once that is complete.
 	prep, _ := rt.(runtime.CopyPreparer)
+	source := e.spec(srcSb)
 	var wg sync.WaitGroup
 	errs := make([]error, len(op.Sandboxes))
 	for i, id := range op.Sandboxes {
@@ -189,7 +190,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 				return
 			}
 			if prep != nil {
-				if err := prep.PrepareCopy(ctx, spec, e.spec(srcSb)); err != nil {
+				if err := prep.PrepareCopy(ctx, spec, source); err != nil {
 					errs[i] = fmt.Errorf("prepare fork %s: %w", id, err)
 					return
 				}
