@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spacesandbox/space/internal/b64"
 )
 
 // CommandRequest starts a command session.
@@ -267,13 +269,13 @@ func decodeEvent(ev *Event, data []byte, scratch *[]byte) error {
 	if ev.Name == "output" && len(data) >= len(outputHead)+len(outputTail) && bytes.HasPrefix(data, outputHead) && bytes.HasSuffix(data, outputTail) {
 		rest := data[len(outputHead) : len(data)-len(outputTail)]
 		if i := bytes.Index(rest, outputMid); i > 0 {
-			stream, b64 := string(rest[:i]), rest[i+len(outputMid):]
+			stream, enc := string(rest[:i]), rest[i+len(outputMid):]
 			// Plain base64, as the server writes it, decodes here; any other
 			// spelling (a JSON escape such as \/) fails and takes the general
 			// path below, as do the line breaks base64's decoder would skip
 			// (a JSON string cannot hold them raw).
-			if (stream == "stdout" || stream == "stderr") && bytes.IndexByte(b64, '\r') < 0 && bytes.IndexByte(b64, '\n') < 0 {
-				size := base64.StdEncoding.DecodedLen(len(b64))
+			if (stream == "stdout" || stream == "stderr") && bytes.IndexByte(enc, '\r') < 0 && bytes.IndexByte(enc, '\n') < 0 {
+				size := b64.DecodedLen(len(enc))
 				var out []byte
 				if scratch != nil && cap(*scratch) >= size {
 					out = (*scratch)[:size]
@@ -283,7 +285,7 @@ func decodeEvent(ev *Event, data []byte, scratch *[]byte) error {
 						*scratch = out
 					}
 				}
-				if n, err := base64.StdEncoding.Decode(out, b64); err == nil {
+				if n, err := b64.Decode(out, enc); err == nil {
 					ev.Stream, ev.Data = stream, out[:n]
 					return nil
 				}
