@@ -25,6 +25,27 @@ import (
 // JSON object each way over a unix stream socket that runsc creates as
 // runsc-<id>.sock in its root directory.
 func (r *Runtime) control(ctx context.Context, id, method string) error {
+	return r.call(ctx, id, method, nil)
+}
+
+// signalArgs is the argument of containerManager.Signal (gVisor's
+// boot.SignalArgs; Mode 0 delivers to the one process).
+type signalArgs struct {
+	CID   string
+	Signo int32
+	PID   int32
+	Mode  int
+}
+
+// signal sends sig to the sandbox's init process (its agent), as `runsc
+// kill` does, through the control server.
+func (r *Runtime) signal(ctx context.Context, id string, sig syscall.Signal) error {
+	return r.call(ctx, id, "containerManager.Signal", signalArgs{CID: id, Signo: int32(sig)})
+}
+
+// call calls method with arg (nil: none; no result) on the sandbox's runsc
+// control server.
+func (r *Runtime) call(ctx context.Context, id, method string, arg any) error {
 	path := filepath.Join(r.cfg.Dir, "runsc", "runsc-"+id+".sock")
 	addr := path
 	if len(path) >= 108 { // past sun_path: reach it through a descriptor, as runsc does
@@ -49,7 +70,7 @@ func (r *Runtime) control(ctx context.Context, id, method string) error {
 	if err := json.NewEncoder(conn).Encode(struct {
 		Method string `json:"method"`
 		Arg    any    `json:"arg"`
-	}{Method: method}); err != nil {
+	}{Method: method, Arg: arg}); err != nil {
 		return fmt.Errorf("%s %s: %w", method, id, err)
 	}
 	var res struct {

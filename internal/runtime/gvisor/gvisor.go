@@ -111,7 +111,7 @@ type Runtime struct {
 	// redialSignal and redialWait: how a sandbox left running by a save is
 	// told to dial again, and how long it is given (snapshot.go). Tests
 	// change them to stand for an agent that does not.
-	redialSignal string
+	redialSignal syscall.Signal
 	redialWait   time.Duration
 }
 
@@ -127,7 +127,7 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir), redialSignal: "CONT", redialWait: 10 * time.Second}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir), redialSignal: syscall.SIGCONT, redialWait: 10 * time.Second}
 	// What an earlier server discarded but had not removed yet.
 	go os.RemoveAll(r.trashDir())
 	var err error

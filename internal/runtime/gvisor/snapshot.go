@@ -44,7 +44,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 			// and the agent's redial left the agent waiting on a
 			// connection the save closed; tell it to look (it changes
 			// nothing otherwise).
-			r.runsc(ctx, spec, "kill", id, r.redialSignal)
+			r.signal(ctx, id, r.redialSignal)
 			return nil
 		}
 		// An ephemeral save from before the host restarted: its pages may
@@ -237,7 +237,7 @@ func (r *Runtime) redial(ctx context.Context, spec runtime.Spec, old *agentclien
 	case <-ctx.Done():
 		return errors.New("its connection stayed open through the save")
 	}
-	if _, err := r.runsc(ctx, spec, "kill", spec.SandboxID, r.redialSignal); err != nil {
+	if err := r.signal(ctx, spec.SandboxID, r.redialSignal); err != nil {
 		return fmt.Errorf("signal the agent: %w", err)
 	}
 	return r.waitAgent(ctx, spec.SandboxID)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestSnapshotLeavesTheSourceRunning(t *testing.T) {
 func TestSnapshotRestartsASourceWhoseAgentDoesNotComeBackFaultInjected(t *testing.T) {
 	open, newSpec := testRuntime(t)
 	r := open()
-	r.redialSignal, r.redialWait = "WINCH", 2*time.Second
+	r.redialSignal, r.redialWait = syscall.SIGWINCH, 2*time.Second
 	snapshotAndCheck(t, r, newSpec, false)
 }
 
