@@ -122,13 +122,18 @@ func runscRunning(id string, verbs ...string) bool {
 // same id (a crash during create) is removed and made again.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
+	t0 := time.Now()
 	if done, err := r.prepare(ctx, spec, ""); done || err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := r.start(ctx, spec, "run", "--detach", "--pid-file", r.pidPath(id), "--bundle", r.bundleDir(id), id); err != nil {
 		return err
 	}
-	return r.ready(ctx, spec, true)
+	t2 := time.Now()
+	err := r.ready(ctx, spec, true)
+	r.log.Debug("gvisor: started", "sandbox_id", id, "prepare", t1.Sub(t0), "runsc_run", t2.Sub(t1), "agent", time.Since(t2))
+	return err
 }
 
 // prepare readies a new container's bundle and agent endpoint (with the
