@@ -84,7 +84,7 @@ func (b *Bare) Suspend(ctx context.Context) error {
 	if err := os.MkdirAll(b.spec.SnapshotDir, 0o700); err != nil {
 		return err
 	}
-	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(false, "--image-path", b.spec.SnapshotDir, b.spec.SandboxID)...); err != nil {
+	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint("--image-path", b.spec.SnapshotDir, b.spec.SandboxID)...); err != nil {
 		return err
 	}
 	_, err := b.r.runsc(ctx, b.spec, "delete", "--force", b.spec.SandboxID)
@@ -101,7 +101,7 @@ func (b *Bare) Wake(ctx context.Context) error {
 }
 
 // Fork saves the running sandbox with runsc checkpoint --leave-running
-// (through the page cache, as SPACE saves a fork's source), restores the
+// (with SPACE's flags, as SPACE saves a fork's source), restores the
 // save as a second sandbox (its own bundle and overlay) and runs its first
 // command, then deletes the copy.
 func (b *Bare) Fork(ctx context.Context) error {
@@ -110,7 +110,7 @@ func (b *Bare) Fork(ctx context.Context) error {
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		return err
 	}
-	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(true, "--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
+	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint("--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
 		return err
 	}
 	defer os.RemoveAll(img)

@@ -37,6 +37,9 @@ func (r *Runtime) restore(ctx context.Context, spec runtime.Spec, image, pidFile
 		return err
 	}
 	args := []string{"restore", "--detach", "--background"}
+	if r.direct {
+		args = append(args, "--direct") // as checkpoint writes it (lifecycle.go)
+	}
 	if pidFile != "" {
 		args = append(args, "--pid-file", pidFile)
 	}

@@ -102,10 +102,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	agent := r.redialingAgent(ctx, id)
 	restart := agent == nil
 	t1 := time.Now()
-	// An ephemeral save (a fork's) goes through the page cache: its copies
-	// read it back from memory rather than from the disk, and it is
-	// usually removed before the kernel writes it out.
-	if _, err := r.runsc(ctx, spec, r.checkpoint(spec.Ephemeral, "--leave-running", "--image-path", tmp, id)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", tmp, id)...); err != nil {
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")

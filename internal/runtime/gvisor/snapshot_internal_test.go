@@ -114,7 +114,7 @@ func TestSnapshotRetriedAfterACrashGetsTheAgentBack(t *testing.T) {
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", img, spec.SandboxID)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", img, spec.SandboxID)...); err != nil {
 		t.Fatal(err)
 	}
 	r.Close()

@@ -120,7 +120,7 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 	}
 	r.exits.Stop(id)
 	r.closeEndpoint(id)
-	if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", gdir, id)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
 		t.Fatal(err)
 	}
 	if !r.kill(id) {
