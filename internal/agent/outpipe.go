@@ -55,13 +55,9 @@ func newOutPipe(size int) (*outPipe, *os.File, error) {
 // Read reads what the pipe holds, waiting for something when it is empty;
 // io.EOF once every writer closed it, os.ErrClosed once Close was called.
 func (p *outPipe) Read(b []byte) (int, error) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	if !p.enter() {
 		return 0, os.ErrClosed
 	}
-	p.reading++
-	p.mu.Unlock()
 	defer p.readDone()
 	if len(b) == 0 {
 		return 0, nil
@@ -93,13 +89,9 @@ func (p *outPipe) Read(b []byte) (int, error) {
 // output and its end are read at once. Writes into the pipe do not end it
 // (nor wake anyone: poll asks only for the hang-up).
 func (p *outPipe) linger(d time.Duration) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	if !p.enter() {
 		return
 	}
-	p.reading++
-	p.mu.Unlock()
 	defer p.readDone()
 	fds := []unix.PollFd{{Fd: int32(p.fd)}, {Fd: int32(p.stop), Events: unix.POLLIN}}
 	deadline := time.Now().Add(d)
@@ -108,6 +100,18 @@ func (p *outPipe) linger(d time.Duration) {
 			return
 		}
 	}
+}
+
+// enter counts a Read or linger in, unless the pipe is closed (false);
+// readDone counts it out.
+func (p *outPipe) enter() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.reading++
+	return true
 }
 
 func (p *outPipe) readDone() {

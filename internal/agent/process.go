@@ -355,7 +355,7 @@ func pump(f io.Reader, stream string, out *ring) {
 		// frame sent costs the sandbox CPU its process would use to write
 		// (`head -c` on a 1-vCPU sandbox: 2 ms of gathering streamed
 		// 0.7–0.8× what the runtime's own exec pipe carries, 10 ms
-		// 1.1–1.4×). A read that had to wait (interactive output, a
+		// 0.8–1.3×). A read that had to wait (interactive output, a
 		// command's few lines) ends the streak, so output with gaps is
 		// read at once; a large read (the pipe fills faster than a wait
 		// would let it) does too.

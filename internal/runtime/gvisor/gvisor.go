@@ -94,7 +94,8 @@ type Runtime struct {
 	// agentDigest is the agent new sandboxes run; legacyDigest the one of
 	// sandboxes and saves without a record (agents.go).
 	agentDigest, legacyDigest string
-	// direct: checkpoints write their pages file with O_DIRECT.
+	// direct: checkpoints write, and restores read, their pages file with
+	// O_DIRECT.
 	direct bool
 	// deleting holds, per sandbox, a background `runsc delete` of its
 	// suspended container (a chan struct{} closed when it is done).
