@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -502,15 +503,33 @@ func testFilesLargeTransfer(t *testing.T, rt string) {
 	s.do("DELETE", "/v1/sandboxes/"+sbx+"/files?path=/big.bin", s.token, nil)
 }
 
-// pattern is an endless, cheap, non-repeating-per-block byte source.
-type pattern struct{ n uint64 }
+// pattern is an endless byte source in which no two 64 KiB blocks are
+// alike: one random block, each copy stamped with its index, so a block
+// lost, repeated or moved changes the hash. It costs a copy per block, not
+// work per byte: under -race a loop over a GiB took 30 s of the test's
+// CPU while the server it measures shared the machine.
+type pattern struct {
+	block []byte
+	off   int    // read offset in block
+	n     uint64 // index of block
+}
+
+const patternBlock = 64 << 10
 
 func (p *pattern) Read(b []byte) (int, error) {
-	for i := range b {
-		p.n++
-		b[i] = byte(p.n ^ p.n>>8 ^ p.n>>16)
+	if p.block == nil {
+		p.block = make([]byte, patternBlock)
+		rand.Read(p.block)
+		p.off = patternBlock
 	}
-	return len(b), nil
+	if p.off == patternBlock {
+		p.n++
+		binary.LittleEndian.PutUint64(p.block, p.n)
+		p.off = 0
+	}
+	n := copy(b, p.block[p.off:])
+	p.off += n
+	return n, nil
 }
 
 var _ = client.IsCode
