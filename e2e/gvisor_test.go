@@ -335,7 +335,9 @@ func testPathsStayInside(t *testing.T, rt string) {
 func testBenchQuick(t *testing.T, rt string) {
 	s := startRuntimeServer(t, rt)
 	out := filepath.Join(t.TempDir(), "bench.json")
-	args := []string{"bench", "--quick", "--template", "test:latest", "--json-out", out, "--baseline", "--data-dir", s.dataDir}
+	// Three samples a row: the quick form's five cost the vm runtime's
+	// cold bare boots (6 s each under TCG) for no check made here.
+	args := []string{"bench", "--quick", "--runs", "3", "--template", "test:latest", "--json-out", out, "--baseline", "--data-dir", s.dataDir}
 	stdout, stderr, code := s.runCLIWith(spaceBin, args...)
 	if code != 0 {
 		t.Fatalf("bench exit %d: %s", code, stderr)
@@ -350,6 +352,7 @@ func testBenchQuick(t *testing.T, rt string) {
 		Baseline bool
 		Rows     []struct {
 			Key, Name   string
+			Samples     int
 			P50         float64
 			Bare, Ratio float64
 			BareNote    string `json:"bare_note"`
@@ -364,6 +367,9 @@ func testBenchQuick(t *testing.T, rt string) {
 	for _, r := range rep.Rows {
 		if r.P50 <= 0 {
 			t.Fatalf("row %q measured nothing", r.Name)
+		}
+		if r.Key == "create" && r.Samples != 3 {
+			t.Fatalf("create row has %d samples: --runs 3 beside --quick was not kept", r.Samples)
 		}
 		// Every row but the control plane's reads has a bare equivalent.
 		if r.Key != "reads" && (r.Bare <= 0 || r.Ratio <= 0) {

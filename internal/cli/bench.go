@@ -19,7 +19,7 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 	rt := fs.String("runtime", "", "runtime to measure (default: the server's)")
 	tpl := fs.String("template", "", "template to create sandboxes from (default: the server's)")
 	runs := fs.Int("runs", 20, "samples per latency row")
-	quick := fs.Bool("quick", false, "few samples and smaller transfers (CI)")
+	quick := fs.Bool("quick", false, "few samples (5, unless --runs is given) and smaller transfers (CI)")
 	out := fs.String("json-out", "", "also write the report as JSON to this file")
 	egress := fs.String("egress-url", "", "also measure egress from a sandbox: a URL it can reach that answers ?n=N with N bytes")
 	egressOnly := fs.Bool("egress-only", false, "measure only the egress rows (needs --egress-url)")
@@ -53,7 +53,10 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 		StreamBytes: 512 << 20, DirtyMiB: 200, ReadSeconds: 5, Out: o.Stdout,
 		EgressURL: *egress, EgressBytes: 1 << 30, EgressOnly: *egressOnly}
 	if *quick {
-		cfg.Runs, cfg.StreamBytes, cfg.DirtyMiB, cfg.ReadSeconds, cfg.EgressBytes = 5, 64<<20, 32, 1, 64<<20
+		cfg.StreamBytes, cfg.DirtyMiB, cfg.ReadSeconds, cfg.EgressBytes = 64<<20, 32, 1, 64<<20
+		if !flagSet(fs, "runs") {
+			cfg.Runs = 5
+		}
 	}
 	if cfg.EgressOnly && cfg.EgressURL == "" {
 		return fmt.Errorf("%w: --egress-only needs --egress-url", errUsage)

@@ -241,3 +241,10 @@ func serve(ctx context.Context, args []string, o Options) error {
 	log := newLogger(o.Stderr, cfg.LogFormat, cfg.LogLevel)
 	return server.Run(ctx, &cfg, log, o.Host, nil)
 }
+
+// flagSet reports whether the command line gave flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
