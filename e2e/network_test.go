@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -151,11 +152,17 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		if !strings.Contains(gateway, ".") {
 			t.Fatalf("no default route in the sandbox: %q", gateway)
 		}
+		// At once: each waits out curl's timeout where the floor drops
+		// its packets (one after another, 28 s a runtime).
+		var wg sync.WaitGroup
 		for _, target := range targets {
-			if out := curl(a.ID, target); reachedUpstream(out) || strings.Contains(out, "ready") {
-				t.Errorf("floor address %s reached: %s", target, out)
-			}
+			wg.Go(func() {
+				if out := curl(a.ID, target); reachedUpstream(out) || strings.Contains(out, "ready") {
+					t.Errorf("floor address %s reached: %s", target, out)
+				}
+			})
 		}
+		wg.Wait()
 		for _, target := range []string{"http://" + up.Private.String() + "/", "http://" + up.Metadata.String() + "/"} {
 			if out, err := nettest.Get(up.NS, target); err != nil || !reachedUpstream(out) {
 				t.Errorf("%s does not answer in its own namespace: %v %s", target, err, out)
