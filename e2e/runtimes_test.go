@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -229,23 +232,43 @@ func splitLines(s string) []string {
 // seed:latest is built once per run (its build takes about a minute) into
 // the binaries' directory, and each test that needs it gets a copy of the
 // template store in a data directory of its own. TestSeedTemplate builds
-// its own twice: it tests the build.
+// it once more and wants the same digest: it tests the build.
 var (
-	seedOnce sync.Once
-	seedErr  error
-	seedOut  []byte
+	seedOnce   sync.Once
+	seedErr    error
+	seedOut    []byte // the build's log
+	seedDigest string
 )
 
-// seedDataDir returns a new data directory that holds seed:latest.
-func seedDataDir(t *testing.T) string {
+// sharedSeed builds the run's seed:latest once and returns the data
+// directory that holds it.
+func sharedSeed(t *testing.T) string {
 	t.Helper()
 	cache := filepath.Join(filepath.Dir(spaceBin), "seed-data")
 	seedOnce.Do(func() {
-		seedOut, seedErr = exec.Command(spaceBin, "template", "build", "seed", "--data-dir", cache).CombinedOutput()
+		var stderr bytes.Buffer
+		cmd := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", cache, "--json")
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		seedOut, seedErr = append(out, stderr.Bytes()...), err
+		var tpl struct{ Digest string }
+		if seedErr == nil {
+			if seedErr = json.Unmarshal(out, &tpl); seedErr == nil && tpl.Digest == "" {
+				seedErr = errors.New("the build printed no digest")
+			}
+		}
+		seedDigest = tpl.Digest
 	})
 	if seedErr != nil {
 		t.Fatalf("build seed: %v\n%s", seedErr, seedOut)
 	}
+	return cache
+}
+
+// seedDataDir returns a new data directory that holds seed:latest.
+func seedDataDir(t *testing.T) string {
+	t.Helper()
+	cache := sharedSeed(t)
 	dataDir := t.TempDir()
 	if out, err := exec.Command("cp", "-a", filepath.Join(cache, "templates"), dataDir+"/").CombinedOutput(); err != nil {
 		t.Fatalf("copy seed:latest: %v\n%s", err, out)
