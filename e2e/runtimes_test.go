@@ -240,35 +240,43 @@ var (
 	seedDigest string
 )
 
+// buildSeed builds seed:latest into dataDir and returns its digest, with
+// the build's output for a failure's message.
+func buildSeed(dataDir string) (digest string, log []byte, err error) {
+	var stderr bytes.Buffer
+	cmd := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir, "--json")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	log = append(out, stderr.Bytes()...)
+	if err != nil {
+		return "", log, err
+	}
+	var tpl struct{ Digest string }
+	if err := json.Unmarshal(out, &tpl); err != nil {
+		return "", log, err
+	}
+	if tpl.Digest == "" {
+		return "", log, errors.New("the build printed no digest")
+	}
+	return tpl.Digest, log, nil
+}
+
 // sharedSeed builds the run's seed:latest once and returns the data
-// directory that holds it.
-func sharedSeed(t *testing.T) string {
+// directory that holds it and its digest.
+func sharedSeed(t *testing.T) (dataDir, digest string) {
 	t.Helper()
 	cache := filepath.Join(filepath.Dir(spaceBin), "seed-data")
-	seedOnce.Do(func() {
-		var stderr bytes.Buffer
-		cmd := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", cache, "--json")
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		seedOut, seedErr = append(out, stderr.Bytes()...), err
-		var tpl struct{ Digest string }
-		if seedErr == nil {
-			if seedErr = json.Unmarshal(out, &tpl); seedErr == nil && tpl.Digest == "" {
-				seedErr = errors.New("the build printed no digest")
-			}
-		}
-		seedDigest = tpl.Digest
-	})
+	seedOnce.Do(func() { seedDigest, seedOut, seedErr = buildSeed(cache) })
 	if seedErr != nil {
 		t.Fatalf("build seed: %v\n%s", seedErr, seedOut)
 	}
-	return cache
+	return cache, seedDigest
 }
 
 // seedDataDir returns a new data directory that holds seed:latest.
 func seedDataDir(t *testing.T) string {
 	t.Helper()
-	cache := sharedSeed(t)
+	cache, _ := sharedSeed(t)
 	dataDir := t.TempDir()
 	if out, err := exec.Command("cp", "-a", filepath.Join(cache, "templates"), dataDir+"/").CombinedOutput(); err != nil {
 		t.Fatalf("copy seed:latest: %v\n%s", err, out)

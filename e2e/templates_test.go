@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"encoding/json"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -19,19 +17,13 @@ func TestSeedTemplate(t *testing.T) {
 	requireGVisor(t)
 	dataDir := t.TempDir()
 	t.Cleanup(func() { killGVisorLeftovers(dataDir) })
-	build := func() string {
-		out, err := exec.Command(spaceBin, "template", "build", "seed", "--data-dir", dataDir, "--json").Output()
-		if err != nil {
-			t.Fatalf("build seed: %v", err)
-		}
-		var tpl struct{ Digest string }
-		json.Unmarshal(out, &tpl)
-		return tpl.Digest
+	// The run's shared build and this one, in another data directory,
+	// minutes apart: the same digest.
+	_, first := sharedSeed(t)
+	second, log, err := buildSeed(dataDir)
+	if err != nil {
+		t.Fatalf("build seed: %v\n%s", err, log)
 	}
-	// The run's shared build (seedDataDir) and this one, in another data
-	// directory, minutes apart: the same digest.
-	sharedSeed(t)
-	first, second := seedDigest, build()
 	if first == "" || first != second {
 		t.Fatalf("two builds of seed: %s vs %s", first, second)
 	}
