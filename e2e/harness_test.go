@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -132,6 +133,8 @@ type server struct {
 	token   string
 	// template is what createRunning creates sandboxes from ("" = default).
 	template string
+	// opWait is how long waitOp waits for an operation (default a minute).
+	opWait time.Duration
 	// up is the "internet" the server's sandboxes reach (real runtimes):
 	// a network namespace this test made; no test packet leaves the host.
 	up *nettest.Upstream
@@ -410,7 +413,7 @@ func (s *server) doAt(addr, method, path, token string, body []byte, headers ...
 
 func (s *server) waitOp(id string) *client.Operation {
 	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(s.opWait, time.Minute))
 	defer cancel()
 	op, err := s.client().WaitOperation(ctx, id)
 	if err != nil {

@@ -165,6 +165,13 @@ func startRuntimeServerEnv(t *testing.T, rt string, env []string, extra ...strin
 	s := startServer(t, serverOpts{bin: spaceBin, dataDir: dataDir, template: "test:latest", env: env,
 		args: append([]string{"--runtime", rt, "--build-seed=false", "--agent-bin", filepath.Join(filepath.Dir(spaceBin), "space-agent")}, extra...)})
 	t.Cleanup(func() { cleanupGVisor(s) }) // runs first, while the server runs
+	if rt == "vm" {
+		// A server's first create boots the template cold and saves its
+		// snapshot: under TCG, beside the other suites on two cores, that
+		// was seen to take over a minute (the guest's kernel still at 1.9 s
+		// of its boot after 60 s).
+		s.opWait = 3 * time.Minute
+	}
 	return s
 }
 
