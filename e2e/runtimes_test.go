@@ -167,9 +167,10 @@ func startRuntimeServerEnv(t *testing.T, rt string, env []string, extra ...strin
 	t.Cleanup(func() { cleanupGVisor(s) }) // runs first, while the server runs
 	if rt == "vm" {
 		// A server's first create boots the template cold and saves its
-		// snapshot: under TCG, beside the other suites on two cores, that
-		// was seen to take over a minute (the guest's kernel still at 1.9 s
-		// of its boot after 60 s).
+		// snapshot: 4 s unloaded here, but under TCG beside the other
+		// suites on two cores it was seen to take over a minute (two agent
+		// handshakes timed out before the test gave up); the server itself
+		// waits its ten-minute operation timeout.
 		s.opWait = 3 * time.Minute
 	}
 	return s
