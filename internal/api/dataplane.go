@@ -45,6 +45,8 @@ type DataPlaneConfig struct {
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
 	BootID   string
+	// Keys is the control plane's Config.Keys, when it has them.
+	Keys *Keys
 	// Ingress, when set, proxies to sandbox ports (see ingress.go).
 	Ingress *ingress.Proxy
 	// Tokens, when set, ends attachment tokens whose API token is revoked.
@@ -58,7 +60,7 @@ type DataPlaneConfig struct {
 
 // NewDataPlane builds the data-plane handler.
 func NewDataPlane(cfg DataPlaneConfig) *DataPlane {
-	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: newIdempotency(cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
+	d := &DataPlane{cmds: cfg.Commands, metrics: cfg.Metrics, log: cfg.Logger, idem: keysOr(cfg.Keys, cfg.Store, cfg.BootID), Keepalive: 15 * time.Second}
 	d.router = newRouter(d.Routes())
 	d.edge = &edge.Edge{Listener: "data", Metrics: cfg.Metrics, Log: cfg.Logger, Render: errorResponse}
 	d.ingress, d.tokens, d.forwarder, d.sandbox = cfg.Ingress, cfg.Tokens, cfg.Forwarder, cfg.Sandbox

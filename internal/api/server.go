@@ -53,6 +53,10 @@ type Config struct {
 	// OwnerAlive, in a cluster, says whether the process holding an
 	// idempotency reservation is alive (nil: only this one is).
 	OwnerAlive func(ctx context.Context, owner string) bool
+	// Keys, on a server no other process shares the store with, is the
+	// idempotency its planes share (NewKeys); nil: keys are reserved in
+	// the store.
+	Keys *Keys
 	// Nodes, in a cluster, lists and cordons or drains nodes.
 	Nodes Nodes
 	// AttachBase, in a cluster, says which data plane a forwarded request
@@ -166,7 +170,7 @@ type Server struct {
 // New builds the control-plane handler.
 func New(cfg Config) *Server {
 	s := &Server{engine: cfg.Engine, commands: cfg.Commands, store: cfg.Store, tokens: cfg.Tokens, metrics: cfg.Metrics, log: cfg.Logger,
-		idem: newIdempotency(cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage, forwarder: cfg.Forwarder, nodes: cfg.Nodes, attachBase: cfg.AttachBase}
+		idem: keysOr(cfg.Keys, cfg.Store, cfg.BootID), templates: cfg.Templates, builder: cfg.Builder, dataDir: cfg.DataDir, usage: cfg.Usage, forwarder: cfg.Forwarder, nodes: cfg.Nodes, attachBase: cfg.AttachBase}
 	s.idem.alive = cfg.OwnerAlive
 	s.projects, s.audit, s.limiter = cfg.Projects, cfg.Audit, cfg.Limiter
 	if cfg.Projects != nil {

@@ -308,8 +308,11 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	if h.TemplateStore != nil {
 		acfg.Templates, acfg.Builder = h.TemplateStore, h.TemplateStore
 	}
+	if !cfg.Clustered() {
+		acfg.Keys = api.NewKeys(st, bootID)
+	}
 	apiSrv := api.New(acfg)
-	dcfg := api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID, Tokens: tokens}
+	dcfg := api.DataPlaneConfig{Commands: cmds, Store: st, Metrics: m, Logger: log, BootID: bootID, Tokens: tokens, Keys: acfg.Keys}
 	if clu != nil {
 		dcfg.Forwarder, dcfg.Sandbox = clu.DataPlaneForwarder(), eng.Get
 	}

@@ -151,7 +151,8 @@ type Idempotency interface {
 	ReserveIdempotencyKey(ctx context.Context, r IdempotencyRecord) (rec *IdempotencyRecord, reserved bool, err error)
 	// GetIdempotencyKey returns a record, errdefs.NotFound when there is none.
 	GetIdempotencyKey(ctx context.Context, key string) (*IdempotencyRecord, error)
-	// CompleteIdempotencyKey stores the response of an in-flight key.
+	// CompleteIdempotencyKey stores the response of an in-flight key, or
+	// of a key reserved in memory (Completion.New).
 	CompleteIdempotencyKey(ctx context.Context, c Completion) error
 	// ReleaseIdempotencyKey deletes an in-flight reservation so the request
 	// can be retried (used when it failed without changing anything).
@@ -409,6 +410,11 @@ type Completion struct {
 	Status   int
 	Location string
 	Body     func() ([]byte, error)
+	// New, when set, is the key's record to insert done: its reservation
+	// was held in the memory of a process that no other shares the store
+	// with, not in the store. A live record under the key (done and not
+	// expired, or in flight) refuses it with errdefs.Conflict.
+	New *IdempotencyRecord
 }
 
 // Token is an API token's record; the token's value is never stored.

@@ -77,12 +77,29 @@ func completeIdem(ctx context.Context, tx *tx, c *store.Completion) error {
 	if err != nil {
 		return fmt.Errorf("render idempotent response: %w", err)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE idempotency_keys SET state = ?, status = ?, body = ?, location = ? WHERE key = ? AND state = ?`,
-		store.IdemDone, c.Status, body, c.Location, c.Key, store.IdemInFlight)
+	var res sql.Result
+	if r := c.New; r != nil {
+		// Reserved in memory: the record is written once, done. Under
+		// the key there may only be one that expired (not pruned yet).
+		res, err = tx.ExecContext(ctx, `INSERT INTO idempotency_keys(key, fingerprint, owner, state, status, body, location, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, owner = excluded.owner, state = excluded.state,
+				status = excluded.status, body = excluded.body, location = excluded.location,
+				created_at = excluded.created_at, expires_at = excluded.expires_at
+			WHERE idempotency_keys.state = ? AND idempotency_keys.expires_at <= ?`,
+			c.Key, r.Fingerprint, r.Owner, store.IdemDone, c.Status, body, c.Location, r.CreatedAt.UnixNano(), r.ExpiresAt.UnixNano(),
+			store.IdemDone, r.CreatedAt.UnixNano())
+	} else {
+		res, err = tx.ExecContext(ctx, `UPDATE idempotency_keys SET state = ?, status = ?, body = ?, location = ? WHERE key = ? AND state = ?`,
+			store.IdemDone, c.Status, body, c.Location, c.Key, store.IdemInFlight)
+	}
 	if err != nil {
 		return fmt.Errorf("complete idempotency key: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
+		if c.New != nil {
+			return errdefs.New(errdefs.Conflict, "idempotency key is already recorded")
+		}
 		return errdefs.New(errdefs.Conflict, "idempotency key is not in flight")
 	}
 	return nil

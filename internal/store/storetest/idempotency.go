@@ -102,3 +102,43 @@ func testIdempotencyAtomicWithChange(t *testing.T, open Opener) {
 		t.Fatalf("sandbox stored despite completed key: %v", err)
 	}
 }
+
+// A key reserved in a process's memory is written once, done, with the
+// change it answers; a live record under it refuses that change.
+func testIdempotencyReservedInMemory(t *testing.T, open Opener) {
+	s := open()
+	defer s.Close()
+	ctx := context.Background()
+	mem := func(key, fp string, at time.Time) *store.IdempotencyRecord {
+		return &store.IdempotencyRecord{Key: key, Fingerprint: fp, Owner: "boot-a", CreatedAt: at, ExpiresAt: at.Add(time.Hour)}
+	}
+	body := func(b string) func() ([]byte, error) { return func() ([]byte, error) { return []byte(b), nil } }
+	sb, op := newSandbox(sandbox.Starting)
+	if err := s.CreateSandbox(ctx, sb, op, &store.Completion{Key: "m", Status: 202, Location: "/v1/o", Body: body("made"), New: mem("m", "f1", epoch)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetIdempotencyKey(ctx, "m")
+	if err != nil || got.State != store.IdemDone || got.Fingerprint != "f1" || got.Owner != "boot-a" || got.Status != 202 ||
+		string(got.Body) != "made" || got.Location != "/v1/o" || !got.CreatedAt.Equal(epoch) || !got.ExpiresAt.Equal(epoch.Add(time.Hour)) {
+		t.Fatalf("record = %+v %v", got, err)
+	}
+	// A second change under the live key is refused, and not made.
+	sb2, op2 := newSandbox(sandbox.Starting)
+	err = s.CreateSandbox(ctx, sb2, op2, &store.Completion{Key: "m", Status: 202, Body: body("again"), New: mem("m", "f2", epoch.Add(time.Minute))}, 0)
+	wantKind(t, err, errdefs.Conflict)
+	if _, err := s.GetSandbox(ctx, sb2.ID); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("sandbox stored despite a live key: %v", err)
+	}
+	// So is one under a key another process holds in flight.
+	s.ReserveIdempotencyKey(ctx, store.IdempotencyRecord{Key: "held", Fingerprint: "f", Owner: "boot-b", CreatedAt: epoch, ExpiresAt: epoch.Add(time.Hour)})
+	wantKind(t, s.CompleteIdempotencyKey(ctx, store.Completion{Key: "held", Status: 200, Body: body("x"), New: mem("held", "f", epoch)}), errdefs.Conflict)
+	// An expired record (not pruned yet) is replaced.
+	later := epoch.Add(2 * time.Hour)
+	if err := s.CompleteIdempotencyKey(ctx, store.Completion{Key: "m", Status: 201, Body: body("new"), New: mem("m", "f3", later)}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.GetIdempotencyKey(ctx, "m")
+	if err != nil || got.Fingerprint != "f3" || got.Status != 201 || string(got.Body) != "new" || got.Location != "" || !got.ExpiresAt.Equal(later.Add(time.Hour)) {
+		t.Fatalf("replaced record = %+v %v", got, err)
+	}
+}

@@ -40,6 +40,7 @@ func Run(t *testing.T, newDB Factory) {
 		{"UnfinishedOperations", testUnfinishedOperations},
 		{"Idempotency", testIdempotency},
 		{"IdempotencyAtomicWithChange", testIdempotencyAtomicWithChange},
+		{"IdempotencyReservedInMemory", testIdempotencyReservedInMemory},
 		{"Tokens", testTokens},
 		{"ActiveSandboxLimit", testActiveLimit},
 		{"OperationWithoutSandbox", testOperationWithoutSandbox},
