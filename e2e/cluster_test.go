@@ -266,6 +266,19 @@ func TestCluster(t *testing.T) {
 	if n := nodeOf(t, c1, restore); n != home {
 		t.Fatalf("a sandbox woke on %s while its node %s was fine", n, home)
 	}
+	// A named snapshot taken on that node is stored in the bucket as well.
+	sr := c1.do("POST", "/v1/sandboxes/"+restore+"/snapshots", c.token, []byte(`{"name":"before-the-loss"}`))
+	var snapOut struct {
+		Snapshot  struct{ ID string }
+		Operation struct{ ID string }
+	}
+	sr.json(t, &snapOut)
+	if sr.status != 202 {
+		t.Fatalf("snapshot on the node to be lost = %d %s", sr.status, sr.body)
+	}
+	if op := c1.waitOp(snapOut.Operation.ID); op.State != "succeeded" {
+		t.Fatalf("snapshot on the node to be lost: %+v", op.Error)
+	}
 	homeSrv.kill()
 	waitFor(t, "the killed node's running sandboxes to fail", func() bool {
 		for _, sbx := range stayed {
@@ -291,6 +304,17 @@ func TestCluster(t *testing.T) {
 	c2.lifecycle(restore, "wake", "running")
 	if rep := c2.do("GET", "/v1/sandboxes/"+restore+"/files?path=/root/saved.txt", c.token, nil); rep.status != 200 || string(rep.body) != "saved before the loss" || nodeOf(t, c2, restore) == home {
 		t.Fatalf("restored from the bucket after the loss: %d %q on %s", rep.status, rep.body, nodeOf(t, c2, restore))
+	}
+	// The snapshot outlived its node: a sandbox starts from it on another.
+	fromSnap, _, err := c2.client().CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snapOut.Snapshot.ID}, "")
+	if err != nil {
+		t.Fatalf("create from a snapshot whose node is lost: %v", err)
+	}
+	if op := c2.waitOp(fromSnap.Operation.ID); op.State != "succeeded" {
+		t.Fatalf("create from a snapshot whose node is lost: %+v", op.Error)
+	}
+	if rep := c2.do("GET", "/v1/sandboxes/"+fromSnap.Sandbox.ID+"/files?path=/root/saved.txt", c.token, nil); rep.status != 200 || string(rep.body) != "saved before the loss" || nodeOf(t, c2, fromSnap.Sandbox.ID) == home {
+		t.Fatalf("sandbox from the stored snapshot: %d %q on %s", rep.status, rep.body, nodeOf(t, c2, fromSnap.Sandbox.ID))
 	}
 	c2.lifecycle(moving, "wake", "running")
 	if now := nodeOf(t, c2, moving); now == home || now == "" {

@@ -187,7 +187,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	}
 	str(&s.DataDir, "data-dir", "/var/lib/space", "directory for the database, templates, snapshots and the first API token")
 	str(&s.Store, "store", "", "database: empty for SQLite in the data directory, or postgres://user@host:port/db?sslmode=… (password from PGPASSWORD or ~/.pgpass, or in the URL; never logged)")
-	str(&s.BlobStore, "blob-store", "", "object storage for suspend snapshots: empty for the data directory only, or s3://bucket/prefix?endpoint=http(s)://host:port&region=r (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials)")
+	str(&s.BlobStore, "blob-store", "", "object storage for suspend snapshots, gVisor named snapshots and templates: empty for the data directory only, or s3://bucket/prefix?endpoint=http(s)://host:port&region=r (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials)")
 	str(&s.APIAddr, "api-addr", "127.0.0.1:8080", "control-plane listen address")
 	str(&s.DataPlaneAddr, "data-plane-addr", "127.0.0.1:8090", "data-plane (command streams) listen address")
 	str(&s.ECWAddr, "ecw-addr", "127.0.0.1:3000", "E2B-compatible API listen address (E2B REST + envd); empty turns it off")

@@ -4,15 +4,20 @@ package lifecycle
 // succeeds only once its snapshot is stored there; a wake that finds no
 // local copy fetches it (verified) first; a delete removes it; at start,
 // snapshots of sandboxes that are gone, and what interrupted uploads left,
-// are removed.
+// are removed. Named snapshots of a portable runtime (gVisor) are stored
+// the same way under their own id: ready only once stored, fetched by a
+// node that starts a sandbox from one it lacks, removed with the snapshot.
 
 import (
 	"context"
 	"errors"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
 )
 
@@ -55,19 +60,82 @@ func (e *Engine) archiveSnapshot(ctx context.Context, id, dir string) error {
 	if e.cfg.Archive == nil {
 		return nil
 	}
-	start := time.Now()
-	n, err := e.cfg.Archive.Put(ctx, id, dir)
-	e.observeTransfer("put", n, start, err)
-	if err != nil {
-		// An older snapshot stored before is not this sandbox's state any
-		// more: a wake that finds no local copy must not restore it.
-		if derr := e.cfg.Archive.Delete(context.WithoutCancel(ctx), id); derr != nil {
-			e.log.Warn("remove the stale snapshot from the blob store", "sandbox_id", id, "err", derr)
-		}
+	if err := e.putArchive(ctx, id, dir); err != nil {
 		return errdefs.Wrap(errdefs.Unavailable, err, "the snapshot could not be stored in the blob store; the sandbox stays suspended on this node")
 	}
-	e.log.Info("snapshot stored in the blob store", "sandbox_id", id, "bytes", n, "ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// archiveNamedSnapshot uploads a named snapshot's image, on a runtime whose
+// images restore on any node of it (gVisor): a create from the snapshot may
+// then run on any node, and the snapshot outlives the node that made it.
+// Other runtimes' images stay on their node.
+func (e *Engine) archiveNamedSnapshot(ctx context.Context, rt runtime.Runtime, id, dir string) error {
+	if e.cfg.Archive == nil || !rt.Capabilities().Portable {
+		return nil
+	}
+	if err := e.putArchive(ctx, id, dir); err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "the snapshot could not be stored in the blob store")
+	}
+	return nil
+}
+
+// putArchive stores dir as key's in the blob store. On failure what was
+// stored under key before goes too: it is not key's state any more (a
+// wake that finds no local copy must not restore it).
+func (e *Engine) putArchive(ctx context.Context, key, dir string) error {
+	start := time.Now()
+	n, err := e.cfg.Archive.Put(ctx, key, dir)
+	e.observeTransfer("put", n, start, err)
+	if err != nil {
+		if derr := e.cfg.Archive.Delete(context.WithoutCancel(ctx), key); derr != nil {
+			e.log.Warn("remove the stale snapshot from the blob store", "key", key, "err", derr)
+		}
+		return err
+	}
+	e.log.Info("snapshot stored in the blob store", "key", key, "bytes", n, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// namedSnapshotImage makes sure this node has named snapshot id's image at
+// dir, fetching it from the blob store when it does not. Creates from one
+// snapshot on one node fetch it once.
+func (e *Engine) namedSnapshotImage(ctx context.Context, id, dir string) error {
+	if exists(dir) {
+		return nil
+	}
+	if e.cfg.Archive == nil {
+		return errdefs.New(errdefs.FailedPrecondition, "snapshot %s is gone", id)
+	}
+	mu, _ := e.fetching.LoadOrStore(id, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
+	if exists(dir) { // (Get puts a whole image in place at once)
+		return nil
+	}
+	start := time.Now()
+	n, err := e.cfg.Archive.Get(ctx, id, dir)
+	e.observeTransfer("get", n, start, err)
+	switch {
+	case errors.Is(err, errdefs.NotFound):
+		return errdefs.New(errdefs.FailedPrecondition, "snapshot %s is neither on this node nor in the blob store", id)
+	case err != nil && errdefs.KindOf(err) == nil:
+		return errdefs.Wrap(errdefs.Unavailable, err, "snapshot %s could not be fetched from the blob store", id)
+	case err != nil:
+		return err
+	}
+	e.log.Info("snapshot fetched from the blob store", "snapshot_id", id, "bytes", n, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// portableSnapshot says a create from snap may run on any node: its image
+// is in the blob store and some node can restore its runtime's images.
+func (e *Engine) portableSnapshot(ctx context.Context, snap *sandbox.Snapshot) bool {
+	if e.cfg.Archive == nil || e.cfg.Cluster == nil || !e.cfg.Cluster.Portable(snap.Runtime) {
+		return false
+	}
+	ok, err := e.cfg.Archive.Has(ctx, snap.ID)
+	return err == nil && ok
 }
 
 // fetchSnapshot brings a suspended sandbox's snapshot back from the blob
@@ -118,6 +186,20 @@ func (e *Engine) sweepArchive(ctx context.Context) {
 		return
 	}
 	for _, k := range keys {
+		if ids.Valid(ids.Snapshot, k) {
+			// A named snapshot's image.
+			snap, err := e.store.GetSnapshot(ctx, k)
+			switch {
+			case errors.Is(err, errdefs.NotFound) || (err == nil && snap.State == sandbox.SnapshotFailed):
+				err = e.cfg.Archive.Delete(ctx, k)
+			case err == nil && snap.State == sandbox.SnapshotReady:
+				err = e.cfg.Archive.Prune(ctx, k)
+			}
+			if err != nil {
+				e.log.Warn("sweep the blob store", "snapshot_id", k, "err", err)
+			}
+			continue
+		}
 		sb, err := e.store.GetSandbox(ctx, k)
 		switch {
 		case errors.Is(err, errdefs.NotFound) || (err == nil && sb.State == sandbox.Deleted):
@@ -143,6 +225,11 @@ func (e *Engine) fetchTemplate(ctx context.Context, digest string) error {
 		return nil
 	}
 	return f.Fetch(ctx, digest)
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // hasFiles says dir exists and holds something.

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -26,6 +28,7 @@ type fakeArchive struct {
 	getErr  error
 	gets    int
 	deleted []string
+	pruned  []string
 }
 
 func (a *fakeArchive) Put(_ context.Context, key, _ string) (int64, error) {
@@ -65,7 +68,12 @@ func (a *fakeArchive) Delete(_ context.Context, key string) error {
 	return nil
 }
 
-func (a *fakeArchive) Prune(context.Context, string) error { return nil }
+func (a *fakeArchive) Prune(_ context.Context, key string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pruned = append(a.pruned, key)
+	return nil
+}
 
 func (a *fakeArchive) Keys(context.Context) ([]string, error) {
 	a.mu.Lock()
@@ -172,5 +180,61 @@ func TestArchive_FaultInjection(t *testing.T) {
 	}
 	if a.stored[sb.ID] {
 		t.Fatal("delete left the snapshot in the blob store")
+	}
+}
+
+// NamedSnapshotsFakeArchive: the start-up sweep keeps a named snapshot's
+// stored image while the snapshot exists and removes one whose snapshot is
+// gone; deleting the snapshot removes its stored image. (The fake runtime
+// is not portable, so the image is put in the FAKE archive by hand; the
+// upload itself runs end to end in TestCluster, on gVisor and versitygw.)
+func TestArchive_NamedSnapshotsFakeArchive(t *testing.T) {
+	dir := t.TempDir()
+	a := &fakeArchive{stored: map[string]bool{}}
+	w := newArchiveWorld(t, dir, a)
+	ctx := context.Background()
+	src := create(t, w)
+	op, snap, err := w.eng.CreateSnapshot(ctx, src.ID, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("snapshot op = %+v", got)
+	}
+	orphan := ids.New(ids.Snapshot)
+	a.mu.Lock()
+	if a.stored[snap.ID] {
+		t.Fatal("an image of a runtime that restores only on its own node was put in the blob store")
+	}
+	a.stored[snap.ID], a.stored[orphan] = true, true
+	a.mu.Unlock()
+	w.close()
+	w = newArchiveWorld(t, dir, a) // its start sweeps
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a.mu.Lock()
+		swept := slices.Contains(a.deleted, orphan) && (slices.Contains(a.pruned, snap.ID) || slices.Contains(a.deleted, snap.ID))
+		a.mu.Unlock()
+		if swept {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sweep did not look at both stored images: deleted %v, pruned %v", a.deleted, a.pruned)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	a.mu.Lock()
+	kept := a.stored[snap.ID]
+	a.mu.Unlock()
+	if !kept {
+		t.Fatal("the sweep removed the stored image of a snapshot that exists")
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stored[snap.ID] {
+		t.Fatal("deleting the snapshot left its image in the blob store")
 	}
 }

@@ -165,6 +165,9 @@ type Engine struct {
 	poolKick chan struct{}
 	turns    chan struct{} // MaxParallelOps (nil: no bound)
 	refills  int           // runs of the pool refill (its loop's own)
+	// fetching holds a lock per named snapshot this node fetches from the
+	// blob store (snapshot id → *sync.Mutex).
+	fetching sync.Map
 }
 
 // New returns an engine; it does nothing until Start.
@@ -382,13 +385,15 @@ func (e *Engine) Create(ctx context.Context, req CreateRequest, render Render) (
 	var node string
 	var maxActive int
 	if snap != nil {
-		// Its image is on the disk of the node that made it.
+		// Its image is on the disk of the node that made it, and in the
+		// blob store when it has one and the runtime restores anywhere.
 		node, maxActive = snap.Node, e.cfg.MaxActiveSandboxes
 		if c := e.cfg.Cluster; c != nil {
-			got, max, err := c.Place(ctx, Need{Runtime: rtName, Resources: *req.Resources, Prefer: node})
-			if err == nil && got != node {
+			got, max, err := c.Place(ctx, Need{Runtime: rtName, Resources: *req.Resources, Template: tpl.Digest, Prefer: node})
+			if err == nil && got != node && !e.portableSnapshot(ctx, snap) {
 				err = errdefs.New(errdefs.Unavailable, "snapshot %s is on node %s, which takes no new sandboxes now", snap.ID, node)
 			}
+			node = got
 			if err != nil {
 				return nil, nil, err
 			}

@@ -106,6 +106,11 @@ func (e *Engine) executeSnapshot(ctx context.Context, log interface {
 		fail(err)
 		return
 	}
+	if err := e.archiveNamedSnapshot(ctx, rt, op.Snapshot, dir); err != nil {
+		log.Error("snapshot: store it in the blob store", "err", err)
+		fail(err)
+		return
+	}
 	size := dirSize(dir)
 	e.log.Info("sandbox snapshot saved", "sandbox_id", op.SandboxID, "snapshot_id", op.Snapshot, "bytes", size, "duration", time.Since(start))
 	e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: op.From,
@@ -162,6 +167,12 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, id string) error {
 	}
 	if err := os.RemoveAll(e.snapshotPath(id)); err != nil {
 		e.log.Warn("remove snapshot image", "snapshot_id", id, "err", err)
+	}
+	if e.cfg.Archive != nil {
+		// (One left behind is removed at the next start: sweepArchive.)
+		if err := e.cfg.Archive.Delete(context.WithoutCancel(ctx), id); err != nil {
+			e.log.Warn("remove the snapshot's image from the blob store", "snapshot_id", id, "err", err)
+		}
 	}
 	e.log.Info("snapshot deleted", "snapshot_id", id)
 	return nil
@@ -265,8 +276,8 @@ func (e *Engine) createFromSnapshot(ctx context.Context, rt runtime.Runtime, spe
 		return errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot start sandboxes from snapshots", rt.Name())
 	}
 	dir := e.snapshotPath(snapID)
-	if _, err := os.Stat(dir); err != nil {
-		return errdefs.New(errdefs.FailedPrecondition, "snapshot %s is gone", snapID)
+	if err := e.namedSnapshotImage(ctx, snapID, dir); err != nil {
+		return err
 	}
 	if err := snap.CreateFrom(ctx, spec, dir); err != nil {
 		return err
