@@ -128,6 +128,20 @@ func (e *Engine) namedSnapshotImage(ctx context.Context, id, dir string) error {
 	return nil
 }
 
+// canStartFrom says this node can start sandboxes from snap: it has the
+// image, or can fetch it from the blob store and restore it.
+func (e *Engine) canStartFrom(ctx context.Context, snap *sandbox.Snapshot) bool {
+	if exists(e.snapshotPath(snap.ID)) {
+		return true
+	}
+	rt, ok := e.runtimes[snap.Runtime]
+	if e.cfg.Archive == nil || !ok || !rt.Capabilities().Portable {
+		return false
+	}
+	stored, err := e.cfg.Archive.Has(ctx, snap.ID)
+	return err == nil && stored
+}
+
 // portableSnapshot says a create from snap may run on any node: its image
 // is in the blob store and some node can restore its runtime's images.
 func (e *Engine) portableSnapshot(ctx context.Context, snap *sandbox.Snapshot) bool {

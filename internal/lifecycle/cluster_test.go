@@ -14,6 +14,7 @@ import (
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/store/sqlite"
 )
 
@@ -69,46 +70,9 @@ func (c *fakeCluster) Ready() error            { return nil }
 // in-flight work settled, and a delete of its suspended sandbox runs on
 // another node.
 func TestClusterEngines(t *testing.T) {
-	dir := t.TempDir()
-	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "space.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	arch := &fakeArchive{stored: map[string]bool{}}
-	clu := &fakeCluster{nodes: map[string]*lifecycle.Engine{}, dead: map[string]bool{}, order: []string{"node_a", "node_b"}}
-	start := func(cfg lifecycle.Config) *lifecycle.Engine {
-		cfg.Store, cfg.Templates, cfg.Cluster, cfg.Archive = st, fakeruntime.Templates{}, clu, arch
-		cfg.OperationTimeout, cfg.InboxInterval = 5*time.Second, 20*time.Millisecond
-		e, err := lifecycle.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(e.Close)
-		return e
-	}
-	for _, n := range clu.order {
-		rt, err := fakeruntime.New(fakeruntime.Config{Dir: filepath.Join(dir, n)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		clu.nodes[n] = start(lifecycle.Config{Node: n, Runtimes: []runtime.Runtime{rt}, SnapshotRoot: filepath.Join(dir, n, "snapshots")})
-	}
-	ctl := start(lifecycle.Config{SnapshotRoot: filepath.Join(dir, "control")})
+	ctl, clu, _ := startClusterEngines(t)
 	ctx := context.Background()
-	done := func(opID string) *sandbox.Operation {
-		t.Helper()
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		op, err := ctl.WaitOperation(wctx, opID)
-		if err != nil {
-			t.Fatalf("wait %s: %v", opID, err)
-		}
-		return op
-	}
+	done := func(opID string) *sandbox.Operation { t.Helper(); return waitOn(t, ctl, opID) }
 	create := func() *sandbox.Sandbox {
 		t.Helper()
 		sb, op, err := ctl.Create(ctx, lifecycle.CreateRequest{Template: "base"}, nil)
@@ -175,6 +139,106 @@ func TestClusterEngines(t *testing.T) {
 	}
 }
 
+// startClusterEngines starts the engines of nodes node_a and node_b (FAKE
+// runtime, FAKE archive) and of a control replica over one SQLite store.
+func startClusterEngines(t *testing.T) (ctl *lifecycle.Engine, clu *fakeCluster, st *sqlite.Store) {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	arch := &fakeArchive{stored: map[string]bool{}}
+	clu = &fakeCluster{nodes: map[string]*lifecycle.Engine{}, dead: map[string]bool{}, order: []string{"node_a", "node_b"}}
+	start := func(cfg lifecycle.Config) *lifecycle.Engine {
+		cfg.Store, cfg.Templates, cfg.Cluster, cfg.Archive = st, fakeruntime.Templates{}, clu, arch
+		cfg.OperationTimeout, cfg.InboxInterval = 5*time.Second, 20*time.Millisecond
+		return startEngine(t, cfg)
+	}
+	for _, n := range clu.order {
+		rt, err := fakeruntime.New(fakeruntime.Config{Dir: filepath.Join(dir, n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clu.nodes[n] = start(lifecycle.Config{Node: n, Runtimes: []runtime.Runtime{rt}, SnapshotRoot: filepath.Join(dir, n, "snapshots")})
+	}
+	return start(lifecycle.Config{SnapshotRoot: filepath.Join(dir, "control")}), clu, st
+}
+
+// startEngine starts an engine that closes when the test ends.
+func startEngine(t *testing.T, cfg lifecycle.Config) *lifecycle.Engine {
+	t.Helper()
+	e, err := lifecycle.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+// waitOn waits for operation opID through engine e.
+func waitOn(t *testing.T, e *lifecycle.Engine, opID string) *sandbox.Operation {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	op, err := e.WaitOperation(wctx, opID)
+	if err != nil {
+		t.Fatalf("wait %s: %v", opID, err)
+	}
+	return op
+}
+
+// The warm pool of a snapshot tagged as a template fills on the node that
+// holds its image; a node that can neither find it nor fetch it (a runtime
+// that restores only its own images) starts none, rather than sandboxes
+// that fail and are replaced every second.
+func TestClusterSnapshotPoolStaysWithItsImage(t *testing.T) {
+	ctl, _, st := startClusterEngines(t)
+	ctx := context.Background()
+	src, op, err := ctl.Create(ctx, lifecycle.CreateRequest{Template: "base"}, nil)
+	if err != nil || waitOn(t, ctl, op.ID).State != sandbox.OpSucceeded {
+		t.Fatalf("create: %v", err)
+	}
+	sop, snap, err := ctl.CreateSnapshot(ctx, src.ID, "", nil)
+	if err != nil || waitOn(t, ctl, sop.ID).State != sandbox.OpSucceeded {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if _, err := ctl.TagSnapshot(ctx, snap.ID, "missingwarm:v1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.SetWarmPool(ctx, "", "missingwarm:v1", 1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if wp, _ := ctl.WarmPool(ctx, "", "missingwarm:v1"); wp.Ready >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pool never filled on the snapshot's node")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(2500 * time.Millisecond) // two more refills on each node
+	other := "node_b"
+	if src.Node == other {
+		other = "node_a"
+	}
+	for _, state := range []sandbox.State{"", sandbox.Deleted} {
+		page, err := st.ListSandboxes(ctx, store.SandboxQuery{State: state, IncludePool: true, Node: &other, Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range page.Items {
+			t.Errorf("%s started %s (%s, pool %q) without the snapshot's image", other, sb.ID, sb.State, sb.Pool)
+		}
+	}
+}
+
 // A build whose control replica died is failed by another replica once its
 // record stops changing; a live one is left alone.
 func TestOrphanBuildsFailInACluster(t *testing.T) {
@@ -189,15 +253,7 @@ func TestOrphanBuildsFailInACluster(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	clu := &fakeCluster{nodes: map[string]*lifecycle.Engine{}, dead: map[string]bool{}}
 	newEngine := func() *lifecycle.Engine {
-		e, err := lifecycle.New(lifecycle.Config{Store: st, Templates: fakeruntime.Templates{}, SnapshotRoot: dir, Cluster: clu, Now: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(e.Close)
-		return e
+		return startEngine(t, lifecycle.Config{Store: st, Templates: fakeruntime.Templates{}, SnapshotRoot: dir, Cluster: clu, Now: clock})
 	}
 	builder, other := newEngine(), newEngine()
 	release := make(chan struct{})

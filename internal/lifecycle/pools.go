@@ -253,6 +253,9 @@ func (e *Engine) refill(ctx context.Context, thorough bool) {
 				e.Delete(ctx, sb.ID, nil) // a pool sandbox that is not ready is useless
 			}
 		}
+		if have < want && p.snap != nil && !e.canStartFrom(ctx, p.snap) {
+			continue // (the node that has its image keeps the pool)
+		}
 		for i := have; i < want; i++ {
 			if err := e.createPooled(ctx, p); err != nil {
 				e.log.Warn("refill warm pool", "project", ref.Project, "template", ref.Template, "err", err)
