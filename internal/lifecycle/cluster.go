@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -220,7 +221,8 @@ func (e *Engine) releaseLost(ctx context.Context) {
 }
 
 // pruneSnapshotImages removes the images of snapshots deleted through
-// another process (the record went; the image is on this node's disk).
+// another process (the record went; the image is on this node's disk), and
+// what fetches of images a crash cut short left.
 func (e *Engine) pruneSnapshotImages(ctx context.Context) {
 	entries, err := os.ReadDir(e.cfg.SnapshotRoot)
 	if err != nil {
@@ -228,6 +230,16 @@ func (e *Engine) pruneSnapshotImages(ctx context.Context) {
 	}
 	for _, d := range entries {
 		id := d.Name()
+		if scratch, ok := strings.CutSuffix(id, ".fetch"); ok && ids.Valid(ids.Snapshot, scratch) {
+			// A fetch from the blob store a crash cut short (one in
+			// progress holds the lock).
+			mu, _ := e.fetching.LoadOrStore(scratch, &sync.Mutex{})
+			if mu.(*sync.Mutex).TryLock() {
+				os.RemoveAll(filepath.Join(e.cfg.SnapshotRoot, id))
+				mu.(*sync.Mutex).Unlock()
+			}
+			continue
+		}
 		if !strings.HasPrefix(id, "snap_") || !ids.Valid(ids.Snapshot, id) {
 			continue
 		}

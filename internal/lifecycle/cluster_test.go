@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
@@ -70,7 +72,7 @@ func (c *fakeCluster) Ready() error            { return nil }
 // in-flight work settled, and a delete of its suspended sandbox runs on
 // another node.
 func TestClusterEngines(t *testing.T) {
-	ctl, clu, _ := startClusterEngines(t)
+	ctl, clu, _, _ := startClusterEngines(t)
 	ctx := context.Background()
 	done := func(opID string) *sandbox.Operation { t.Helper(); return waitOn(t, ctl, opID) }
 	create := func() *sandbox.Sandbox {
@@ -141,9 +143,10 @@ func TestClusterEngines(t *testing.T) {
 
 // startClusterEngines starts the engines of nodes node_a and node_b (FAKE
 // runtime, FAKE archive) and of a control replica over one SQLite store.
-func startClusterEngines(t *testing.T) (ctl *lifecycle.Engine, clu *fakeCluster, st *sqlite.Store) {
+// Node n's snapshots are in dir/n/snapshots.
+func startClusterEngines(t *testing.T) (ctl *lifecycle.Engine, clu *fakeCluster, st *sqlite.Store, dir string) {
 	t.Helper()
-	dir := t.TempDir()
+	dir = t.TempDir()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "space.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +166,7 @@ func startClusterEngines(t *testing.T) (ctl *lifecycle.Engine, clu *fakeCluster,
 		}
 		clu.nodes[n] = start(lifecycle.Config{Node: n, Runtimes: []runtime.Runtime{rt}, SnapshotRoot: filepath.Join(dir, n, "snapshots")})
 	}
-	return start(lifecycle.Config{SnapshotRoot: filepath.Join(dir, "control")}), clu, st
+	return start(lifecycle.Config{SnapshotRoot: filepath.Join(dir, "control")}), clu, st, dir
 }
 
 // startEngine starts an engine that closes when the test ends.
@@ -197,7 +200,7 @@ func waitOn(t *testing.T, e *lifecycle.Engine, opID string) *sandbox.Operation {
 // that restores only its own images) starts none, rather than sandboxes
 // that fail and are replaced every second.
 func TestClusterSnapshotPoolStaysWithItsImage(t *testing.T) {
-	ctl, _, st := startClusterEngines(t)
+	ctl, _, st, _ := startClusterEngines(t)
 	ctx := context.Background()
 	src, op, err := ctl.Create(ctx, lifecycle.CreateRequest{Template: "base"}, nil)
 	if err != nil || waitOn(t, ctl, op.ID).State != sandbox.OpSucceeded {
@@ -236,6 +239,27 @@ func TestClusterSnapshotPoolStaysWithItsImage(t *testing.T) {
 		for _, sb := range page.Items {
 			t.Errorf("%s started %s (%s, pool %q) without the snapshot's image", other, sb.ID, sb.State, sb.Pool)
 		}
+	}
+}
+
+// What a fetch of a snapshot's image from the blob store leaves when a
+// crash cuts it short is removed by the node's periodic sweep.
+func TestClusterNodeRemovesCutShortFetches(t *testing.T) {
+	_, _, _, dir := startClusterEngines(t)
+	scratch := filepath.Join(dir, "node_a", "snapshots", ids.New(ids.Snapshot)+".fetch")
+	if err := os.MkdirAll(scratch, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(scratch, "checkpoint.img"), []byte("half"), 0o600)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(scratch); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the scratch directory of a fetch cut short is still there")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
