@@ -27,8 +27,12 @@ func InitSystem(hostname string) []error {
 		{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
 		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
 	}
+	// One look at the mount table, not one per mount: under gVisor every
+	// read of /proc/self/mountinfo is a few trapped syscalls, and this runs
+	// before the agent can answer its host (a create waits for it).
+	have := mountPoints()
 	for _, m := range mounts {
-		if mounted(m.dst) {
+		if have[m.dst] {
 			continue
 		}
 		if err := os.MkdirAll(m.dst, 0o755); err != nil {
@@ -37,6 +41,8 @@ func InitSystem(hostname string) []error {
 		}
 		if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
 			errs = append(errs, &os.PathError{Op: "mount " + m.fstype, Path: m.dst, Err: err})
+		} else if m.dst == "/proc" {
+			have = mountPoints() // readable now: what the kernel mounted itself
 		}
 	}
 	if _, err := os.Lstat("/dev/ptmx"); err != nil {
@@ -58,18 +64,21 @@ func InitSystem(hostname string) []error {
 	return errs
 }
 
-// mounted reports whether dir is a mount point, from /proc/self/mountinfo
-// when available.
-func mounted(dir string) bool {
+// mounted reports whether dir is a mount point.
+func mounted(dir string) bool { return mountPoints()[dir] }
+
+// mountPoints are the mount points /proc/self/mountinfo lists (none when
+// it cannot be read: before /proc is mounted).
+func mountPoints() map[string]bool {
+	have := map[string]bool{}
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return false
+		return have
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && f[4] == dir {
-			return true
+		if f := strings.Fields(line); len(f) > 4 {
+			have[f[4]] = true
 		}
 	}
-	return false
+	return have
 }
