@@ -13,6 +13,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
+	"github.com/spacesandbox/space/client"
 	"github.com/spacesandbox/space/internal/blobstore/s3test"
 	"github.com/spacesandbox/space/internal/store/postgres/pgtest"
 )
@@ -194,6 +195,43 @@ func TestProductionBackends(t *testing.T) {
 	}
 	if !strings.Contains(s.log(), "template fetched from the blob store") {
 		t.Fatal("the server did not say it fetched the template")
+	}
+
+	// A named snapshot is in the bucket once ready: a create from it after
+	// the node lost its copy fetches it; deleting it empties its prefix.
+	s.do("PUT", "/v1/sandboxes/"+fresh+"/files?path=/root/named.txt", s.token, []byte("in the named snapshot"))
+	sr := s.do("POST", "/v1/sandboxes/"+fresh+"/snapshots", s.token, []byte(`{"name":"stored"}`))
+	var snapOut struct {
+		Snapshot  struct{ ID string }
+		Operation struct{ ID string }
+	}
+	sr.json(t, &snapOut)
+	if op := s.waitOp(snapOut.Operation.ID); sr.status != 202 || op.State != "succeeded" {
+		t.Fatalf("named snapshot = %d %s: %+v", sr.status, sr.body, op.Error)
+	}
+	snapID := snapOut.Snapshot.ID
+	readManifest(t, srv, bucket, snapID)
+	if err := os.RemoveAll(filepath.Join(s.dataDir, "snapshots", snapID)); err != nil {
+		t.Fatal(err)
+	}
+	from, _, err := c.CreateSandbox(context.Background(), client.CreateSandboxRequest{Snapshot: snapID}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := s.waitOp(from.Operation.ID); op.State != "succeeded" {
+		t.Fatalf("create from a snapshot only the bucket holds: %+v", op.Error)
+	}
+	if r := s.do("GET", "/v1/sandboxes/"+from.Sandbox.ID+"/files?path=/root/named.txt", s.token, nil); string(r.body) != "in the named snapshot" {
+		t.Fatalf("sandbox from the fetched snapshot: file = %d %q", r.status, r.body)
+	}
+	if !strings.Contains(grepLines(s.log(), "snapshot fetched from the blob store"), snapID) {
+		t.Fatal("the server did not say it fetched the named snapshot")
+	}
+	if r := s.do("DELETE", "/v1/snapshots/"+snapID, s.token, nil); r.status/100 != 2 {
+		t.Fatalf("delete the snapshot = %d %s", r.status, r.body)
+	}
+	if objs := objectsOf(t, srv, bucket, snapID); len(objs) != 0 {
+		t.Errorf("after the snapshot's delete the bucket still holds %v", objs)
 	}
 }
 
