@@ -89,12 +89,43 @@ func (e *Engine) putArchive(ctx context.Context, key, dir string) error {
 	e.observeTransfer("put", n, start, err)
 	if err != nil {
 		if derr := e.cfg.Archive.Delete(context.WithoutCancel(ctx), key); derr != nil {
-			e.log.Warn("remove the stale snapshot from the blob store", "key", key, "err", derr)
+			e.log.Warn("remove the stale snapshot from the blob store", archiveKeyAttr(key), key, "err", derr)
 		}
 		return err
 	}
-	e.log.Info("snapshot stored in the blob store", "key", key, "bytes", n, "ms", time.Since(start).Milliseconds())
+	e.log.Info("snapshot stored in the blob store", archiveKeyAttr(key), key, "bytes", n, "ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// getArchive fetches key's stored snapshot into dir (verified; see
+// Archive.Get).
+func (e *Engine) getArchive(ctx context.Context, key, dir string) error {
+	start := time.Now()
+	n, err := e.cfg.Archive.Get(ctx, key, dir)
+	e.observeTransfer("get", n, start, err)
+	if err != nil {
+		return err
+	}
+	e.log.Info("snapshot fetched from the blob store", archiveKeyAttr(key), key, "bytes", n, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// archiveKeyAttr names the id a blob-store key is, for the log: a named
+// snapshot's, else a suspended sandbox's.
+func archiveKeyAttr(key string) string {
+	if ids.Valid(ids.Snapshot, key) {
+		return "snapshot_id"
+	}
+	return "sandbox_id"
+}
+
+// stored says the blob store holds a complete image under key.
+func (e *Engine) stored(ctx context.Context, key string) bool {
+	if e.cfg.Archive == nil {
+		return false
+	}
+	ok, err := e.cfg.Archive.Has(ctx, key)
+	return err == nil && ok
 }
 
 // namedSnapshotImage makes sure this node has named snapshot id's image at
@@ -113,19 +144,14 @@ func (e *Engine) namedSnapshotImage(ctx context.Context, id, dir string) error {
 	if exists(dir) { // (Get puts a whole image in place at once)
 		return nil
 	}
-	start := time.Now()
-	n, err := e.cfg.Archive.Get(ctx, id, dir)
-	e.observeTransfer("get", n, start, err)
+	err := e.getArchive(ctx, id, dir)
 	switch {
 	case errors.Is(err, errdefs.NotFound):
 		return errdefs.New(errdefs.FailedPrecondition, "snapshot %s is neither on this node nor in the blob store", id)
 	case err != nil && errdefs.KindOf(err) == nil:
 		return errdefs.Wrap(errdefs.Unavailable, err, "snapshot %s could not be fetched from the blob store", id)
-	case err != nil:
-		return err
 	}
-	e.log.Info("snapshot fetched from the blob store", "snapshot_id", id, "bytes", n, "ms", time.Since(start).Milliseconds())
-	return nil
+	return err
 }
 
 // canStartFrom says this node can start sandboxes from snap: it has the
@@ -135,21 +161,13 @@ func (e *Engine) canStartFrom(ctx context.Context, snap *sandbox.Snapshot) bool 
 		return true
 	}
 	rt, ok := e.runtimes[snap.Runtime]
-	if e.cfg.Archive == nil || !ok || !rt.Capabilities().Portable {
-		return false
-	}
-	stored, err := e.cfg.Archive.Has(ctx, snap.ID)
-	return err == nil && stored
+	return ok && rt.Capabilities().Portable && e.stored(ctx, snap.ID)
 }
 
 // portableSnapshot says a create from snap may run on any node: its image
 // is in the blob store and some node can restore its runtime's images.
 func (e *Engine) portableSnapshot(ctx context.Context, snap *sandbox.Snapshot) bool {
-	if e.cfg.Archive == nil || e.cfg.Cluster == nil || !e.cfg.Cluster.Portable(snap.Runtime) {
-		return false
-	}
-	ok, err := e.cfg.Archive.Has(ctx, snap.ID)
-	return err == nil && ok
+	return e.cfg.Cluster != nil && e.cfg.Cluster.Portable(snap.Runtime) && e.stored(ctx, snap.ID)
 }
 
 // fetchSnapshot brings a suspended sandbox's snapshot back from the blob
@@ -158,17 +176,11 @@ func (e *Engine) fetchSnapshot(ctx context.Context, id, dir string) error {
 	if e.cfg.Archive == nil || hasFiles(dir) {
 		return nil
 	}
-	start := time.Now()
-	n, err := e.cfg.Archive.Get(ctx, id, dir)
-	e.observeTransfer("get", n, start, err)
-	if err != nil {
-		if errdefs.KindOf(err) != nil {
-			return err
-		}
+	err := e.getArchive(ctx, id, dir)
+	if err != nil && errdefs.KindOf(err) == nil {
 		return errdefs.Wrap(errdefs.Unavailable, err, "the snapshot could not be fetched from the blob store; the sandbox stays suspended")
 	}
-	e.log.Info("snapshot fetched from the blob store", "sandbox_id", id, "bytes", n, "ms", time.Since(start).Milliseconds())
-	return nil
+	return err
 }
 
 // forgetSnapshot removes a deleted sandbox's stored snapshot; one left
