@@ -200,16 +200,14 @@ func TestProductionBackends(t *testing.T) {
 	// A named snapshot is in the bucket once ready: a create from it after
 	// the node lost its copy fetches it; deleting it empties its prefix.
 	s.do("PUT", "/v1/sandboxes/"+fresh+"/files?path=/root/named.txt", s.token, []byte("in the named snapshot"))
-	sr := s.do("POST", "/v1/sandboxes/"+fresh+"/snapshots", s.token, []byte(`{"name":"stored"}`))
-	var snapOut struct {
-		Snapshot  struct{ ID string }
-		Operation struct{ ID string }
+	snap, sop, err := c.CreateSnapshot(context.Background(), fresh, "stored", "")
+	if err != nil {
+		t.Fatal(err)
 	}
-	sr.json(t, &snapOut)
-	if op := s.waitOp(snapOut.Operation.ID); sr.status != 202 || op.State != "succeeded" {
-		t.Fatalf("named snapshot = %d %s: %+v", sr.status, sr.body, op.Error)
+	if op := s.waitOp(sop.ID); op.State != "succeeded" {
+		t.Fatalf("named snapshot: %+v", op.Error)
 	}
-	snapID := snapOut.Snapshot.ID
+	snapID := snap.ID
 	readManifest(t, srv, bucket, snapID)
 	if err := os.RemoveAll(filepath.Join(s.dataDir, "snapshots", snapID)); err != nil {
 		t.Fatal(err)
@@ -227,8 +225,8 @@ func TestProductionBackends(t *testing.T) {
 	if !strings.Contains(grepLines(s.log(), "snapshot fetched from the blob store"), snapID) {
 		t.Fatal("the server did not say it fetched the named snapshot")
 	}
-	if r := s.do("DELETE", "/v1/snapshots/"+snapID, s.token, nil); r.status/100 != 2 {
-		t.Fatalf("delete the snapshot = %d %s", r.status, r.body)
+	if err := c.DeleteSnapshot(context.Background(), snapID); err != nil {
+		t.Fatalf("delete the snapshot: %v", err)
 	}
 	if objs := objectsOf(t, srv, bucket, snapID); len(objs) != 0 {
 		t.Errorf("after the snapshot's delete the bucket still holds %v", objs)

@@ -267,16 +267,11 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("a sandbox woke on %s while its node %s was fine", n, home)
 	}
 	// A named snapshot taken on that node is stored in the bucket as well.
-	sr := c1.do("POST", "/v1/sandboxes/"+restore+"/snapshots", c.token, []byte(`{"name":"before-the-loss"}`))
-	var snapOut struct {
-		Snapshot  struct{ ID string }
-		Operation struct{ ID string }
+	snap, sop, err := c1.client().CreateSnapshot(ctx, restore, "before-the-loss", "")
+	if err != nil {
+		t.Fatalf("snapshot on the node to be lost: %v", err)
 	}
-	sr.json(t, &snapOut)
-	if sr.status != 202 {
-		t.Fatalf("snapshot on the node to be lost = %d %s", sr.status, sr.body)
-	}
-	if op := c1.waitOp(snapOut.Operation.ID); op.State != "succeeded" {
+	if op := c1.waitOp(sop.ID); op.State != "succeeded" {
 		t.Fatalf("snapshot on the node to be lost: %+v", op.Error)
 	}
 	homeSrv.kill()
@@ -306,7 +301,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("restored from the bucket after the loss: %d %q on %s", rep.status, rep.body, nodeOf(t, c2, restore))
 	}
 	// The snapshot outlived its node: a sandbox starts from it on another.
-	fromSnap, _, err := c2.client().CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snapOut.Snapshot.ID}, "")
+	fromSnap, _, err := c2.client().CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap.ID}, "")
 	if err != nil {
 		t.Fatalf("create from a snapshot whose node is lost: %v", err)
 	}

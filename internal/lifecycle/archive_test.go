@@ -118,18 +118,8 @@ func TestArchive_FaultInjection(t *testing.T) {
 	a := &fakeArchive{stored: map[string]bool{"sbx_gone": true}}
 	w := newArchiveWorld(t, dir, a)
 	// The start-up sweep removes what belongs to no sandbox.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		a.mu.Lock()
-		gone := !a.stored["sbx_gone"]
-		a.mu.Unlock()
-		if gone {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the sweep kept a snapshot of no sandbox")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !eventually(5*time.Second, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return !a.stored["sbx_gone"] }) {
+		t.Fatal("the sweep kept a snapshot of no sandbox")
 	}
 
 	sb := create(t, w)
@@ -210,18 +200,13 @@ func TestArchive_NamedSnapshotsFakeArchive(t *testing.T) {
 	a.mu.Unlock()
 	w.close()
 	w = newArchiveWorld(t, dir, a) // its start sweeps
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	swept := func() bool {
 		a.mu.Lock()
-		swept := slices.Contains(a.deleted, orphan) && (slices.Contains(a.pruned, snap.ID) || slices.Contains(a.deleted, snap.ID))
-		a.mu.Unlock()
-		if swept {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the sweep did not look at both stored images: deleted %v, pruned %v", a.deleted, a.pruned)
-		}
-		time.Sleep(5 * time.Millisecond)
+		defer a.mu.Unlock()
+		return slices.Contains(a.deleted, orphan) && (slices.Contains(a.pruned, snap.ID) || slices.Contains(a.deleted, snap.ID))
+	}
+	if !eventually(5*time.Second, swept) {
+		t.Fatalf("the sweep did not look at both stored images: deleted %v, pruned %v", a.deleted, a.pruned)
 	}
 	a.mu.Lock()
 	kept := a.stored[snap.ID]

@@ -216,17 +216,8 @@ func TestClusterSnapshotPoolStaysWithItsImage(t *testing.T) {
 	if _, err := ctl.SetWarmPool(ctx, "", "missingwarm:v1", 1); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if wp, _ := ctl.WarmPool(ctx, "", "missingwarm:v1"); wp.Ready >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the pool never filled on the snapshot's node")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(2500 * time.Millisecond) // two more refills on each node
+	waitPool(t, ctl, "missingwarm:v1", 1) // (filled on the snapshot's node)
+	time.Sleep(2500 * time.Millisecond)   // two more refills on each node
 	other := "node_b"
 	if src.Node == other {
 		other = "node_a"
@@ -251,15 +242,8 @@ func TestClusterNodeRemovesCutShortFetches(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(scratch, "checkpoint.img"), []byte("half"), 0o600)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(scratch); errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the scratch directory of a fetch cut short is still there")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !eventually(10*time.Second, func() bool { _, err := os.Stat(scratch); return errors.Is(err, os.ErrNotExist) }) {
+		t.Fatal("the scratch directory of a fetch cut short is still there")
 	}
 }
 

@@ -87,6 +87,17 @@ func wait(t *testing.T, w *world, opID string) *sandbox.Operation {
 	return nil
 }
 
+// eventually polls cond every 5 ms for up to within, and reports whether it
+// came to hold.
+func eventually(within time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 func state(t *testing.T, w *world, id string) sandbox.State {
 	t.Helper()
 	sb, err := w.eng.Get(context.Background(), id)
