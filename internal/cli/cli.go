@@ -154,7 +154,7 @@ type clientFlags struct {
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiURL, "api-url", envOr("SPACE_API_URL", "http://127.0.0.1:8080"), "control-plane URL (env SPACE_API_URL)")
-	fs.StringVar(&c.token, "token", os.Getenv("SPACE_API_TOKEN"), "API token (env SPACE_API_TOKEN; default: the data directory's api-token file when readable)")
+	config.SecretVar(fs, &c.token, "token", "SPACE_API_TOKEN", "API `token` (default: the data directory's api-token file when readable)")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 }
 

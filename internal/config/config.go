@@ -186,7 +186,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 		fs.IntVar(p, name, def, usage+" (env "+EnvName(name)+")")
 	}
 	str(&s.DataDir, "data-dir", "/var/lib/space", "directory for the database, templates, snapshots and the first API token")
-	str(&s.Store, "store", "", "database: empty for SQLite in the data directory, or postgres://user@host:port/db?sslmode=… (password from PGPASSWORD or ~/.pgpass, or in the URL; never logged)")
+	SecretVar(fs, &s.Store, "store", EnvName("store"), "database: empty for SQLite in the data directory, or a postgres://user@host:port/db?sslmode=… `URL` (password from PGPASSWORD or ~/.pgpass, or in the URL; never logged or shown)")
 	str(&s.BlobStore, "blob-store", "", "object storage for suspend snapshots, gVisor named snapshots and templates: empty for the data directory only, or s3://bucket/prefix?endpoint=http(s)://host:port&region=r (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials)")
 	str(&s.APIAddr, "api-addr", "127.0.0.1:8080", "control-plane listen address")
 	str(&s.DataPlaneAddr, "data-plane-addr", "127.0.0.1:8090", "data-plane (command streams) listen address")
@@ -228,7 +228,7 @@ func (s *Serve) Flags(fs *flag.FlagSet) {
 	str(&s.DefaultEgress, "default-egress", "public", "egress of sandboxes whose create names none: public or none")
 	str(&s.EgressAllowPrivate, "egress-allow-private", "", "private ranges sandboxes may reach despite the floor, like \"10.1.2.0/24\" (comma-separated)")
 	str(&s.Role, "role", RoleAll, "what this process does: all (one machine), control (API and scheduling for cluster nodes; several behind a load balancer) or node (runs sandboxes for the control replicas)")
-	str(&s.ClusterKey, "cluster-key", "", "shared secret of a cluster's members (control and node roles; at least 16 characters; never logged)")
+	SecretVar(fs, &s.ClusterKey, "cluster-key", EnvName("cluster-key"), "shared `secret` of a cluster's members (control and node roles; at least 16 characters; never logged or shown)")
 	str(&s.NodeName, "node-name", "", "this node's name in the cluster (default: the host name)")
 	str(&s.NodeURL, "node-url", "", "where control replicas reach this node's API listener (default: from --api-addr)")
 	str(&s.ECWURL, "ecw-url", "", "where control replicas reach this node's E2B listener (default: from --ecw-addr)")
@@ -258,6 +258,22 @@ func (s *Serve) OpenPrivate() ([]netip.Prefix, error) {
 	}
 	return out, nil
 }
+
+// SecretVar registers a string flag that may hold a secret: its value is
+// taken from the environment variable env when set, and -h never shows it
+// (a flag's default is printed in its usage, and usage ends up in logs).
+func SecretVar(fs *flag.FlagSet, p *string, name, env, usage string) {
+	if v, ok := os.LookupEnv(env); ok {
+		*p = v
+	}
+	fs.Var(secretValue{p}, name, usage+" (env "+env+")")
+}
+
+// secretValue is a flag.Value that never prints what it holds.
+type secretValue struct{ p *string }
+
+func (secretValue) String() string       { return "" }
+func (s secretValue) Set(v string) error { *s.p = v; return nil }
 
 // EnvName is the environment variable of a flag: data-dir → SPACE_DATA_DIR.
 func EnvName(flagName string) string {

@@ -75,3 +75,33 @@ func TestWarmPoolSizes(t *testing.T) {
 		}
 	}
 }
+
+// A flag's default is printed by -h, and usage text ends up in logs: the
+// secrets taken from the environment are used but never shown.
+func TestHelpNeverShowsSecretsFromTheEnvironment(t *testing.T) {
+	t.Setenv("SPACE_CLUSTER_KEY", "cluster-key-from-env-0123")
+	t.Setenv("SPACE_STORE", "postgres://space:hunter2@db:5432/space")
+	var s Serve
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	s.Flags(fs)
+	var help strings.Builder
+	fs.SetOutput(&help)
+	fs.PrintDefaults()
+	for _, secret := range []string{"cluster-key-from-env-0123", "hunter2"} {
+		if strings.Contains(help.String(), secret) {
+			t.Errorf("-h shows %q:\n%s", secret, help.String())
+		}
+	}
+	if !strings.Contains(help.String(), "-cluster-key secret") || !strings.Contains(help.String(), "SPACE_STORE") {
+		t.Errorf("-h does not describe the secret flags:\n%s", help.String())
+	}
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.ClusterKey != "cluster-key-from-env-0123" || s.Store != "postgres://space:hunter2@db:5432/space" {
+		t.Fatalf("environment not applied: key %q store %q", s.ClusterKey, s.Store)
+	}
+	if s := parse(t, "--cluster-key", "from-the-command-line"); s.ClusterKey != "from-the-command-line" {
+		t.Fatalf("flag does not override env: %q", s.ClusterKey)
+	}
+}
