@@ -2,27 +2,71 @@ package cli
 
 import (
 	"flag"
+	"io"
+	"os"
 	"strings"
 	"testing"
 )
 
-// Every client verb's -h lists --token: the token from the environment is
-// used, never printed.
-func TestClientHelpNeverShowsTheToken(t *testing.T) {
-	t.Setenv("SPACE_API_TOKEN", "space_token_from_the_environment")
+// -h prints every flag's default, and help text ends up in logs: the
+// token, the database URL and the cluster key taken from the environment
+// are used, never printed.
+func TestHelpNeverShowsSecretsFromTheEnvironment(t *testing.T) {
+	secrets := map[string]string{
+		"SPACE_API_TOKEN":   "space_token_from_the_environment",
+		"SPACE_STORE":       "postgres://space:hunter2@db:5432/space",
+		"SPACE_CLUSTER_KEY": "cluster-key-from-the-environment",
+	}
+	for k, v := range secrets {
+		t.Setenv(k, v)
+	}
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"space", "sandbox", "list", "-h"}, "-token token"},
+		{[]string{"space", "exec", "-h"}, "-token token"},
+		{[]string{"space", "token", "list", "-h"}, "-store URL"},
+		{[]string{"space", "template", "gc", "-h"}, "-store URL"},
+		{[]string{"space", "serve", "-h"}, "-cluster-key secret"},
+	} {
+		args := c.args
+		help := helpOf(t, args)
+		if !strings.Contains(help, c.flag) {
+			t.Fatalf("%v does not describe %s:\n%s", args, c.flag, help)
+		}
+		for _, v := range secrets {
+			if strings.Contains(help, v) {
+				t.Errorf("%v shows %q:\n%s", args, v, help)
+			}
+		}
+	}
 	var c clientFlags
 	fs := flag.NewFlagSet("sandbox list", flag.ContinueOnError)
 	c.register(fs)
-	var help strings.Builder
-	fs.SetOutput(&help)
-	fs.PrintDefaults()
-	if strings.Contains(help.String(), "space_token_from_the_environment") || !strings.Contains(help.String(), "-token token") {
-		t.Fatalf("-h:\n%s", help.String())
-	}
 	if _, err := parse(fs, nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.resolvedToken(); got != "space_token_from_the_environment" {
+	if got := c.resolvedToken(); got != secrets["SPACE_API_TOKEN"] {
 		t.Fatalf("token = %q, want the environment's", got)
 	}
+}
+
+// helpOf runs the CLI with args and returns all it wrote (flag help goes
+// to the process's standard error).
+func helpOf(t *testing.T, args []string) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	done := make(chan string)
+	go func() { b, _ := io.ReadAll(r); done <- string(b) }()
+	var out strings.Builder
+	Main(args, Options{Stdout: &out, Stderr: w})
+	os.Stderr = stderr
+	w.Close()
+	return out.String() + <-done
 }

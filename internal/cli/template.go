@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/blobstore"
+	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/server"
 	"github.com/spacesandbox/space/internal/templates"
 )
@@ -31,7 +32,8 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	}
 	fs := flag.NewFlagSet("space template", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
-	storeURL := fs.String("store", os.Getenv("SPACE_STORE"), "gc: the server's --store: empty for SQLite in the data directory, or a postgres:// URL (env SPACE_STORE)")
+	storeURL := new(string)
+	config.SecretVar(fs, storeURL, "store", "SPACE_STORE", "gc: the server's --store: empty for SQLite in the data directory, or a postgres:// `URL`")
 	blobURL := fs.String("blob-store", os.Getenv("SPACE_BLOB_STORE"), "the server's --blob-store: builds, tags, rm and gc act on its templates there too (env SPACE_BLOB_STORE)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	pos, err := parse(fs, args[1:])

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spacesandbox/space/internal/api"
 	"github.com/spacesandbox/space/internal/auth"
+	"github.com/spacesandbox/space/internal/config"
 	"github.com/spacesandbox/space/internal/server"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -19,7 +19,8 @@ import (
 // --store) to fs and returns what opens it once they are parsed.
 func storeFlags(fs *flag.FlagSet) func(ctx context.Context) (store.Store, error) {
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
-	storeURL := fs.String("store", os.Getenv("SPACE_STORE"), "the server's --store: empty for SQLite in the data directory, or a postgres:// URL (env SPACE_STORE)")
+	storeURL := new(string)
+	config.SecretVar(fs, storeURL, "store", "SPACE_STORE", "the server's --store: empty for SQLite in the data directory, or a postgres:// `URL`")
 	return func(ctx context.Context) (store.Store, error) { return server.OpenStore(ctx, *storeURL, *dataDir) }
 }
 
