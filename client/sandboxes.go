@@ -31,27 +31,52 @@ type ErrorInfo struct {
 type Sandbox struct {
 	ID string `json:"id"`
 	// Project is the project it belongs to (the token's).
-	Project  string `json:"project"`
-	State    string `json:"state"`
-	Template struct {
-		Ref    string `json:"ref"`
-		Digest string `json:"digest"`
-	} `json:"template"`
+	Project       string            `json:"project"`
+	State         string            `json:"state"`
+	Template      TemplateRef       `json:"template"`
 	Runtime       string            `json:"runtime"`
 	Resources     Resources         `json:"resources"`
 	Env           map[string]string `json:"env"`
 	Metadata      map[string]string `json:"metadata"`
 	AutoLifecycle AutoLifecycle     `json:"auto_lifecycle"`
-	CreatedAt     time.Time         `json:"created_at"`
-	UpdatedAt     time.Time         `json:"updated_at"`
-	LastActiveAt  time.Time         `json:"last_active_at"`
-	Error         *ErrorInfo        `json:"error"`
+	// Network is the sandbox's network policy and, unless its ports are
+	// public, the token that reaches them (nil from a server without
+	// sandbox networking).
+	Network *Network `json:"network,omitempty"`
+	// ExpiresAt is when a running sandbox's timeout action runs (nil
+	// without one, or while it does not run).
+	ExpiresAt    *time.Time `json:"expires_at"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	LastActiveAt time.Time  `json:"last_active_at"`
+	Error        *ErrorInfo `json:"error"`
 	// ForkOf is the sandbox this one was forked from; Snapshot the
 	// snapshot it was created from.
 	ForkOf   string `json:"fork_of,omitempty"`
 	Snapshot string `json:"snapshot,omitempty"`
 	// Node is the cluster node that runs it (empty on a single machine).
 	Node string `json:"node,omitempty"`
+}
+
+// Network is a sandbox's network policy: Egress ("public" or "none") for
+// destinations no rule names, Allow and Deny of CIDRs, addresses or domain
+// names ("pypi.org", "*.github.com"; Allow wins over Deny). The floor
+// (host, metadata, private ranges, other sandboxes) wins over all of it.
+// IngressToken is read-only: the X-Space-Ingress-Token that reaches the
+// sandbox's ports through the data plane unless PublicIngress.
+type Network struct {
+	Egress        string   `json:"egress,omitempty"`
+	Allow         []string `json:"allow,omitempty"`
+	Deny          []string `json:"deny,omitempty"`
+	PublicIngress bool     `json:"public_ingress,omitempty"`
+	IngressToken  string   `json:"ingress_token,omitempty"`
+}
+
+// TemplateRef names a template as a sandbox or snapshot was made from it:
+// the reference asked for and the digest it resolved to.
+type TemplateRef struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
 }
 
 // Operation is an asynchronous lifecycle change.
@@ -61,6 +86,8 @@ type Operation struct {
 	Kind        string     `json:"kind"`
 	SandboxID   string     `json:"sandbox_id"`
 	Sandboxes   []string   `json:"sandboxes,omitempty"` // a fork's new sandboxes
+	Template    string     `json:"template,omitempty"`  // the name:tag a build makes
+	Snapshot    string     `json:"snapshot,omitempty"`  // the snapshot a snapshot operation makes
 	State       string     `json:"state"`
 	Error       *ErrorInfo `json:"error"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -82,6 +109,8 @@ type CreateSandboxRequest struct {
 	// Snapshot starts the sandbox from a ready snapshot (its template,
 	// runtime, resources and environment).
 	Snapshot string `json:"snapshot,omitempty"`
+	// Network is its network policy (nil: the server's --default-egress).
+	Network *Network `json:"network,omitempty"`
 }
 
 // CreateSandboxResponse is the answer to a create.
@@ -104,6 +133,19 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest, ke
 		return nil, resp, err
 	}
 	return &out, resp, nil
+}
+
+// SetNetwork replaces a sandbox's network policy (new connections follow
+// it at once; established ones carry on) and returns the sandbox.
+func (c *Client) SetNetwork(ctx context.Context, id string, n Network, key string) (*Sandbox, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty sandbox id")
+	}
+	var out Sandbox
+	if _, err := c.Do(ctx, http.MethodPut, "/v1/sandboxes/"+url.PathEscape(id)+"/network", nil, key, n, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // GetSandbox inspects a sandbox.
@@ -239,19 +281,24 @@ func (c *Client) WaitOperation(ctx context.Context, id string) (*Operation, erro
 
 // Snapshot is a saved sandbox (see the API's Snapshot).
 type Snapshot struct {
-	ID          string            `json:"id"`
-	Name        string            `json:"name,omitempty"`
-	SandboxID   string            `json:"sandbox_id"`
-	State       string            `json:"state"`
-	Runtime     string            `json:"runtime"`
-	Resources   Resources         `json:"resources"`
-	Env         map[string]string `json:"env"`
-	Tag         string            `json:"tag,omitempty"`
-	SizeBytes   int64             `json:"size_bytes"`
-	OperationID string            `json:"operation_id"`
-	Error       *ErrorInfo        `json:"error"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
+	ID        string            `json:"id"`
+	Project   string            `json:"project"`
+	Name      string            `json:"name,omitempty"`
+	SandboxID string            `json:"sandbox_id"`
+	State     string            `json:"state"`
+	Template  TemplateRef       `json:"template"`
+	Runtime   string            `json:"runtime"`
+	Resources Resources         `json:"resources"`
+	Env       map[string]string `json:"env"`
+	Tag       string            `json:"tag,omitempty"`
+	SizeBytes int64             `json:"size_bytes"`
+	// Node is the cluster node whose disk holds it (empty on a single
+	// machine).
+	Node        string     `json:"node,omitempty"`
+	OperationID string     `json:"operation_id"`
+	Error       *ErrorInfo `json:"error"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
 }
 
 // CreateSnapshot asks for a snapshot of a running or paused sandbox: the

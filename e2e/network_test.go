@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spacesandbox/space/client"
 	"github.com/spacesandbox/space/internal/network/nettest"
 )
 
@@ -94,7 +96,13 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		return out
 	}
 	a := s.createWithNetwork(t, rt, map[string]any{"egress": "public"})
-	b := s.createWithNetwork(t, rt, map[string]any{"egress": "none"})
+	// b from the CLI, as a user makes one.
+	out, errOut, code := s.runCLI("sandbox", "create", "--template", "seed:latest", "--runtime", rt, "--egress", "none", "--wait", "--json")
+	var created struct{ Sandbox netSandbox }
+	if err := json.Unmarshal([]byte(out), &created); code != 0 || err != nil || created.Sandbox.Network.IngressToken == "" {
+		t.Fatalf("space sandbox create --egress none: %d %v %s %s", code, err, out, errOut)
+	}
+	b := created.Sandbox
 
 	t.Run("Egress", func(t *testing.T) {
 		if out := curl(a.ID, "http://"+pub+"/"); !reachedUpstream(out) {
@@ -193,7 +201,13 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		if out := curl(a.ID, "https://other.example.test/"); !reachedUpstream(out) {
 			t.Errorf("a domain no rule names: %s", out)
 		}
-		put(map[string]any{"egress": "none", "allow": []string{"allowed.example.test", pub2 + "/32"}})
+		// The same policy shape from the CLI, as a user types it.
+		if out, errOut, code := s.runCLI("sandbox", "network", a.ID, "--egress", "none", "--allow", "allowed.example.test,"+pub2+"/32"); code != 0 || !strings.Contains(out, "egress none, allow allowed.example.test "+pub2+"/32") {
+			t.Fatalf("space sandbox network: %d %s %s", code, out, errOut)
+		}
+		if out, _, _ := s.runCLI("sandbox", "get", a.ID); !strings.Contains(out, "egress none, allow allowed.example.test") || !strings.Contains(out, a.Network.IngressToken) {
+			t.Errorf("space sandbox get does not show the policy and the ingress token:\n%s", out)
+		}
 		if out := curl(a.ID, "https://allowed.example.test/"); !reachedUpstream(out) {
 			t.Errorf("allowed domain: %s", out)
 		}
@@ -206,7 +220,11 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		if out := curl(a.ID, "https://www.example.test/"); reachedUpstream(out) {
 			t.Errorf("a domain egress none does not allow: %s", out)
 		}
-		put(map[string]any{"egress": "public"})
+		// And from the Go client.
+		sb, err := s.client().SetNetwork(context.Background(), a.ID, client.Network{Egress: "public"}, "")
+		if err != nil || sb.Network == nil || sb.Network.Egress != "public" || len(sb.Network.Allow) != 0 || sb.Network.IngressToken != a.Network.IngressToken {
+			t.Fatalf("client SetNetwork: %+v %v", sb, err)
+		}
 	})
 
 	// A web server in the sandbox, reached through the data plane.

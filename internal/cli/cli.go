@@ -64,6 +64,7 @@ Server:
 
 Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space sandbox create|list|get|pause|suspend|wake|fork|delete
+  space sandbox network SANDBOX [--egress public|none --allow X --deny X --public-ingress]   (also on create)
   space operation get|wait|list
   space snapshot create SANDBOX [--name N --wait] | list [--sandbox ID] | rm SNAPSHOT…
   space node list | cordon NODE | uncordon NODE | drain NODE   (a cluster's nodes)

@@ -26,6 +26,59 @@ func (k kvFlag) Set(s string) error {
 	return nil
 }
 
+// listFlag collects a repeated flag, each value also split at commas.
+type listFlag []string
+
+func (l *listFlag) String() string { return "" }
+func (l *listFlag) Set(s string) error {
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*l = append(*l, v)
+		}
+	}
+	return nil
+}
+
+// networkFlags are a network policy's flags (create and network).
+type networkFlags struct {
+	egress      string
+	allow, deny listFlag
+	public      bool
+}
+
+func (n *networkFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&n.egress, "egress", "", "where no rule decides: public or none (default: the server's --default-egress)")
+	fs.Var(&n.allow, "allow", "allow a CIDR, address or domain name (pypi.org, *.github.com); repeatable or comma-separated")
+	fs.Var(&n.deny, "deny", "deny a CIDR, address or domain name; repeatable or comma-separated")
+	fs.BoolVar(&n.public, "public-ingress", false, "let anyone reach the sandbox's ports without its ingress token")
+}
+
+// policy is the policy the flags name, nil if none was given.
+func (n *networkFlags) policy() *client.Network {
+	if n.egress == "" && len(n.allow) == 0 && len(n.deny) == 0 && !n.public {
+		return nil
+	}
+	return &client.Network{Egress: n.egress, Allow: n.allow, Deny: n.deny, PublicIngress: n.public}
+}
+
+// describeNetwork is a network policy in one line.
+func describeNetwork(n *client.Network) string {
+	if n == nil {
+		return "none (no sandbox networking on this server)"
+	}
+	s := "egress " + n.Egress
+	if len(n.Allow) > 0 {
+		s += ", allow " + strings.Join(n.Allow, " ")
+	}
+	if len(n.Deny) > 0 {
+		s += ", deny " + strings.Join(n.Deny, " ")
+	}
+	if n.PublicIngress {
+		s += ", ports public"
+	}
+	return s
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -34,7 +87,7 @@ func printJSON(w io.Writer, v any) error {
 
 func sandboxCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: space sandbox create|list|get|pause|suspend|wake|fork|delete", errUsage)
+		return fmt.Errorf("%w: space sandbox create|list|get|network|pause|suspend|wake|fork|delete", errUsage)
 	}
 	var cf clientFlags
 	fs := flag.NewFlagSet("space sandbox "+args[0], flag.ContinueOnError)
@@ -47,6 +100,7 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 	env, meta := kvFlag{}, kvFlag{}
 	var res client.Resources
 	var al client.AutoLifecycle
+	var nf networkFlags
 	state := ""
 	limit := 0
 	all := false
@@ -62,6 +116,9 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 		fs.Var(meta, "metadata", "metadata KEY=VALUE (repeatable)")
 		fs.StringVar(&al.IdleTimeout, "idle-timeout", "", "idle timeout, like 10m")
 		fs.StringVar(&al.IdleAction, "idle-action", "", "idle action: pause, suspend or none")
+		nf.register(fs)
+	case "network":
+		nf.register(fs)
 	case "list":
 		fs.StringVar(&state, "state", "", "only sandboxes in this state")
 		fs.IntVar(&limit, "limit", 0, "page size")
@@ -112,6 +169,7 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 		if len(meta) > 0 {
 			req.Metadata = meta
 		}
+		req.Network = nf.policy()
 		out, _, err := c.CreateSandbox(ctx, req, *key)
 		if err != nil {
 			return err
@@ -173,10 +231,36 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 		fmt.Fprintf(tw, "ID\t%s\nSTATE\t%s\nRUNTIME\t%s\nTEMPLATE\t%s (%s)\n", sb.ID, sb.State, sb.Runtime, sb.Template.Ref, sb.Template.Digest)
 		fmt.Fprintf(tw, "RESOURCES\t%d vCPU, %d MiB memory, %d MiB disk\n", sb.Resources.VCPUs, sb.Resources.MemoryMiB, sb.Resources.DiskMiB)
 		fmt.Fprintf(tw, "IDLE\t%s after %s\nCREATED\t%s\nUPDATED\t%s\n", sb.AutoLifecycle.IdleAction, sb.AutoLifecycle.IdleTimeout, sb.CreatedAt.Format(time.RFC3339), sb.UpdatedAt.Format(time.RFC3339))
+		fmt.Fprintf(tw, "NETWORK\t%s\n", describeNetwork(sb.Network))
+		if sb.Network != nil && sb.Network.IngressToken != "" {
+			fmt.Fprintf(tw, "INGRESS TOKEN\t%s\n", sb.Network.IngressToken)
+		}
+		if sb.ExpiresAt != nil {
+			fmt.Fprintf(tw, "EXPIRES\t%s\n", sb.ExpiresAt.Format(time.RFC3339))
+		}
 		if sb.Error != nil {
 			fmt.Fprintf(tw, "ERROR\t%s: %s\n", sb.Error.Code, sb.Error.Message)
 		}
 		return tw.Flush()
+	case "network":
+		// The policy is replaced whole, as PUT …/network does: flags not
+		// given take their defaults.
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space sandbox network SANDBOX_ID [--egress public|none] [--allow X]… [--deny X]… [--public-ingress]", errUsage)
+		}
+		n := nf.policy()
+		if n == nil {
+			n = &client.Network{}
+		}
+		sb, err := c.SetNetwork(ctx, pos[0], *n, *key)
+		if err != nil {
+			return err
+		}
+		if cf.json {
+			return printJSON(o.Stdout, sb)
+		}
+		fmt.Fprintf(o.Stdout, "sandbox %s network: %s\n", sb.ID, describeNetwork(sb.Network))
+		return nil
 	case "fork":
 		if len(pos) != 1 {
 			return fmt.Errorf("%w: space sandbox fork SANDBOX_ID [--count N]", errUsage)

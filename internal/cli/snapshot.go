@@ -76,9 +76,9 @@ func snapshotCmd(ctx context.Context, args []string, o Options) error {
 			return printJSON(o.Stdout, all)
 		}
 		tw := tabwriter.NewWriter(o.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tSTATE\tTEMPLATE\tSANDBOX\tRUNTIME\tSIZE\tCREATED")
+		fmt.Fprintln(tw, "ID\tNAME\tSTATE\tTAG\tSANDBOX\tTEMPLATE\tRUNTIME\tSIZE\tCREATED")
 		for _, s := range all {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%s\n", s.ID, s.Name, s.State, s.Tag, s.SandboxID, s.Runtime, float64(s.SizeBytes)/(1<<20), s.CreatedAt.Format(time.RFC3339))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%s\n", s.ID, s.Name, s.State, s.Tag, s.SandboxID, s.Template.Ref, s.Runtime, float64(s.SizeBytes)/(1<<20), s.CreatedAt.Format(time.RFC3339))
 		}
 		return tw.Flush()
 	case "tag", "untag":

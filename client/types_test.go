@@ -1,0 +1,44 @@
+package client
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// The client decodes into types of its own: each must carry every field
+// the server writes of the same object, or `space … --json` and the
+// client's users silently lose it.
+func TestClientTypesCarryEveryFieldTheServerSends(t *testing.T) {
+	for _, c := range []struct{ server, client any }{
+		{sandbox.Sandbox{}, Sandbox{}},
+		{sandbox.Snapshot{}, Snapshot{}},
+		{sandbox.Operation{}, Operation{}},
+	} {
+		have := jsonFields(reflect.TypeOf(c.client))
+		for _, f := range jsonFields(reflect.TypeOf(c.server)) {
+			if !slices.Contains(have, f) {
+				t.Errorf("client.%T lacks %q, which the server sends", c.client, f)
+			}
+		}
+	}
+}
+
+func jsonFields(t reflect.Type) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() || name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out = append(out, name)
+	}
+	return out
+}
