@@ -323,6 +323,13 @@ type Entry struct {
 	Mode    string    `json:"mode"`
 	ModTime time.Time `json:"mtime"`
 	Target  string    `json:"symlink_target,omitempty"`
+	UID     int       `json:"uid"`
+	GID     int       `json:"gid"`
+	Owner   string    `json:"owner,omitempty"` // user name of UID in the sandbox
+	Group   string    `json:"group,omitempty"` // group name of GID in the sandbox
+	// Metadata is the file's user-defined metadata (E2B's, kept in
+	// user.e2b.* extended attributes).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 func (c *Client) filesURL(sandboxID, suffix string, q url.Values) string {

@@ -19,6 +19,11 @@ type Resources struct {
 type AutoLifecycle struct {
 	IdleTimeout string `json:"idle_timeout,omitempty"`
 	IdleAction  string `json:"idle_action,omitempty"`
+	// Timeout bounds each stretch of running time: TimeoutAction (delete
+	// or suspend) runs when the sandbox has run this long since it last
+	// became running (Sandbox.ExpiresAt).
+	Timeout       string `json:"timeout,omitempty"`
+	TimeoutAction string `json:"timeout_action,omitempty"`
 }
 
 // ErrorInfo is a failure recorded on a sandbox or operation.

@@ -7,16 +7,27 @@ import (
 	"testing"
 
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/sandboxio"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // The client decodes into types of its own: each must carry every field
 // the server writes of the same object, or `space … --json` and the
-// client's users silently lose it.
+// client's users silently lose it. (Tokens and nodes are rendered by the
+// API from types of its own, not compared here.)
 func TestClientTypesCarryEveryFieldTheServerSends(t *testing.T) {
 	for _, c := range []struct{ server, client any }{
 		{sandbox.Sandbox{}, Sandbox{}},
 		{sandbox.Snapshot{}, Snapshot{}},
 		{sandbox.Operation{}, Operation{}},
+		{sandbox.Resources{}, Resources{}},
+		{sandbox.AutoLifecycle{}, AutoLifecycle{}},
+		{sandbox.Network{}, Network{}},
+		{sandbox.ErrorInfo{}, ErrorInfo{}},
+		{store.Project{}, Project{}},
+		{store.Quotas{}, Quotas{}},
+		{store.AuditEntry{}, AuditEntry{}},
+		{sandboxio.Entry{}, Entry{}},
 	} {
 		have := jsonFields(reflect.TypeOf(c.client))
 		for _, f := range jsonFields(reflect.TypeOf(c.server)) {

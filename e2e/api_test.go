@@ -648,7 +648,7 @@ func TestRevokedTokenEndsWhatItIssued(t *testing.T) {
 
 func TestCLI(t *testing.T) {
 	s := startServer(t, serverOpts{})
-	out, errOut, code := s.runCLI("sandbox", "create", "--wait", "--json", "--env", "A=1", "--metadata", "who=cli", "--vcpus", "2")
+	out, errOut, code := s.runCLI("sandbox", "create", "--wait", "--json", "--env", "A=1", "--metadata", "who=cli", "--vcpus", "2", "--run-timeout", "30m", "--timeout-action", "suspend")
 	if code != 0 {
 		t.Fatalf("create exit %d: %s", code, errOut)
 	}
@@ -657,13 +657,14 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("create --json: %v\n%s", err, out)
 	}
 	id := created.Sandbox.ID
-	if created.Sandbox.State != "running" || created.Operation.State != "succeeded" || created.Sandbox.Resources.VCPUs != 2 {
+	if created.Sandbox.State != "running" || created.Operation.State != "succeeded" || created.Sandbox.Resources.VCPUs != 2 ||
+		created.Sandbox.AutoLifecycle.Timeout != "30m" || created.Sandbox.AutoLifecycle.TimeoutAction != "suspend" || created.Sandbox.ExpiresAt == nil {
 		t.Fatalf("create --wait = %s", out)
 	}
 	if out, _, _ := s.runCLI("sandbox", "list"); !strings.Contains(out, id) || !strings.Contains(out, "running") {
 		t.Fatalf("list = %s", out)
 	}
-	if out, _, _ := s.runCLI("sandbox", "get", id); !strings.Contains(out, "2 vCPU") {
+	if out, _, _ := s.runCLI("sandbox", "get", id); !strings.Contains(out, "2 vCPU") || !strings.Contains(out, "suspend after 30m running") || !strings.Contains(out, "EXPIRES") {
 		t.Fatalf("get = %s", out)
 	}
 	for _, c := range []struct{ verb, state string }{{"pause", "paused"}, {"wake", "running"}, {"suspend", "suspended"}, {"wake", "running"}} {

@@ -116,6 +116,8 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 		fs.Var(meta, "metadata", "metadata KEY=VALUE (repeatable)")
 		fs.StringVar(&al.IdleTimeout, "idle-timeout", "", "idle timeout, like 10m")
 		fs.StringVar(&al.IdleAction, "idle-action", "", "idle action: pause, suspend or none")
+		fs.StringVar(&al.Timeout, "run-timeout", "", "longest stretch of running time, like 1h (auto_lifecycle.timeout)")
+		fs.StringVar(&al.TimeoutAction, "timeout-action", "", "what --run-timeout does: delete or suspend")
 		nf.register(fs)
 	case "network":
 		nf.register(fs)
@@ -230,7 +232,11 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 		tw := tabwriter.NewWriter(o.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "ID\t%s\nSTATE\t%s\nRUNTIME\t%s\nTEMPLATE\t%s (%s)\n", sb.ID, sb.State, sb.Runtime, sb.Template.Ref, sb.Template.Digest)
 		fmt.Fprintf(tw, "RESOURCES\t%d vCPU, %d MiB memory, %d MiB disk\n", sb.Resources.VCPUs, sb.Resources.MemoryMiB, sb.Resources.DiskMiB)
-		fmt.Fprintf(tw, "IDLE\t%s after %s\nCREATED\t%s\nUPDATED\t%s\n", sb.AutoLifecycle.IdleAction, sb.AutoLifecycle.IdleTimeout, sb.CreatedAt.Format(time.RFC3339), sb.UpdatedAt.Format(time.RFC3339))
+		fmt.Fprintf(tw, "IDLE\t%s after %s\n", sb.AutoLifecycle.IdleAction, sb.AutoLifecycle.IdleTimeout)
+		if al := sb.AutoLifecycle; al.Timeout != "" && al.Timeout != "0s" {
+			fmt.Fprintf(tw, "TIMEOUT\t%s after %s running\n", al.TimeoutAction, al.Timeout)
+		}
+		fmt.Fprintf(tw, "CREATED\t%s\nUPDATED\t%s\n", sb.CreatedAt.Format(time.RFC3339), sb.UpdatedAt.Format(time.RFC3339))
 		fmt.Fprintf(tw, "NETWORK\t%s\n", describeNetwork(sb.Network))
 		if sb.Network != nil && sb.Network.IngressToken != "" {
 			fmt.Fprintf(tw, "INGRESS TOKEN\t%s\n", sb.Network.IngressToken)
