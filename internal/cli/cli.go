@@ -66,7 +66,7 @@ Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space sandbox create|list|get|pause|suspend|wake|fork|delete
   space sandbox network SANDBOX [--egress public|none --allow X --deny X --public-ingress]   (also on create)
   space operation get|wait|list
-  space snapshot create SANDBOX [--name N --wait] | list [--sandbox ID] | rm SNAPSHOT…
+  space snapshot create SANDBOX [--name N --wait] | list [--sandbox ID] | tag SNAPSHOT NAME:TAG | untag SNAPSHOT | rm SNAPSHOT…
   space node list | cordon NODE | uncordon NODE | drain NODE   (a cluster's nodes)
   space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
   space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
