@@ -4,7 +4,11 @@
 // lifecycle engine acts on it and the store persists it.
 package sandbox
 
-import "time"
+import (
+	"maps"
+	"slices"
+	"time"
+)
 
 // State is a sandbox's lifecycle state.
 type State string
@@ -115,6 +119,27 @@ type Sandbox struct {
 	// Pool is the warm pool a sandbox waits in to be claimed ("" for the
 	// user's sandboxes). Pool sandboxes are not listed.
 	Pool string `json:"-"`
+}
+
+// Clone is a deep copy of sb: the copy shares no map, slice or pointer
+// with sb (nil and empty maps stay as they are).
+func (sb *Sandbox) Clone() *Sandbox {
+	c := *sb
+	c.Env, c.Metadata = maps.Clone(sb.Env), maps.Clone(sb.Metadata)
+	if sb.Network != nil {
+		n := *sb.Network
+		n.Allow, n.Deny = slices.Clone(n.Allow), slices.Clone(n.Deny)
+		c.Network = &n
+	}
+	if sb.ExpiresAt != nil {
+		t := *sb.ExpiresAt
+		c.ExpiresAt = &t
+	}
+	if sb.Error != nil {
+		e := *sb.Error
+		c.Error = &e
+	}
+	return &c
 }
 
 // OpKind is the kind of a lifecycle operation.

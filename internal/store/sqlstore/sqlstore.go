@@ -70,6 +70,7 @@ type Store struct {
 	w     *db // writes (SQLite: its one writer connection)
 	r     *db // reads (SQLite: a read-only pool; else the same pool as w)
 	close func() error
+	docs  docCache // GetSandbox's decodes
 }
 
 var _ store.Store = (*Store)(nil)

@@ -16,6 +16,38 @@ import (
 	"github.com/spacesandbox/space/internal/store"
 )
 
+// Every read is the row as it is now, and the reader's own: changing what
+// one read returned changes no later read, and a change another store
+// (another process) writes is seen at once — however reads are decoded.
+func testSandboxReadsAreTheirOwn(t *testing.T, open Opener) {
+	s, other := open(), open()
+	defer s.Close()
+	defer other.Close()
+	ctx := context.Background()
+	sb, _ := mustCreate(t, s, sandbox.Running)
+	first, err := s.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.State, first.Env["A"], first.Metadata["k"] = sandbox.Failed, "changed", "changed"
+	first.Error = &sandbox.ErrorInfo{Code: "x"}
+	for range 2 {
+		got, err := s.GetSandbox(ctx, sb.ID)
+		if err != nil || got.State != sandbox.Running || got.Env["A"] != "b" || got.Metadata["k"] != "v" || got.Error != nil {
+			t.Fatalf("a read changed by what an earlier read's caller did: %+v %v", got, err)
+		}
+	}
+	if _, err := other.UpdateSandbox(ctx, sb.ID, func(sb *sandbox.Sandbox) error {
+		sb.Env["A"] = "from the other store"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandbox(ctx, sb.ID); err != nil || got.Env["A"] != "from the other store" {
+		t.Fatalf("another store's write not seen: %+v %v", got, err)
+	}
+}
+
 func testSandboxRoundTrip(t *testing.T, open Opener) {
 	s := open()
 	defer s.Close()

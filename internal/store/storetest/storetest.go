@@ -28,6 +28,7 @@ func Run(t *testing.T, newDB Factory) {
 		fn   func(*testing.T, Opener)
 	}{
 		{"SandboxRoundTrip", testSandboxRoundTrip},
+		{"SandboxReadsAreTheirOwn", testSandboxReadsAreTheirOwn},
 		{"DuplicateIDs", testDuplicateIDs},
 		{"ListPagination", testListPagination},
 		{"ListUnderConcurrentInserts", testListUnderConcurrentInserts},
