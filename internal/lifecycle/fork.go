@@ -7,7 +7,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -48,10 +47,8 @@ func (e *Engine) Fork(ctx context.Context, id string, count int, render ForkRend
 			Resources: src.Resources, Env: maps.Clone(src.Env), Metadata: maps.Clone(src.Metadata), AutoLifecycle: src.AutoLifecycle,
 			ForkOf: id, CreatedAt: now, UpdatedAt: now, LastActiveAt: now, ActiveOperation: op.ID, Node: src.Node, Project: src.Project,
 		}
-		if src.Network != nil {
-			n := *src.Network
-			n.Allow, n.Deny, n.IngressToken = slices.Clone(n.Allow), slices.Clone(n.Deny), ""
-			f.Network = &n
+		if f.Network = src.Network.Clone(); f.Network != nil {
+			f.Network.IngressToken = ""
 		}
 		forks[i] = f
 		op.Sandboxes = append(op.Sandboxes, f.ID)

@@ -126,11 +126,7 @@ type Sandbox struct {
 func (sb *Sandbox) Clone() *Sandbox {
 	c := *sb
 	c.Env, c.Metadata = maps.Clone(sb.Env), maps.Clone(sb.Metadata)
-	if sb.Network != nil {
-		n := *sb.Network
-		n.Allow, n.Deny = slices.Clone(n.Allow), slices.Clone(n.Deny)
-		c.Network = &n
-	}
+	c.Network = sb.Network.Clone()
 	if sb.ExpiresAt != nil {
 		t := *sb.ExpiresAt
 		c.ExpiresAt = &t
@@ -240,6 +236,16 @@ type Network struct {
 	// IngressToken reaches the sandbox's ports through the data plane. It
 	// is derived from the sandbox id when a sandbox is shown, never stored.
 	IngressToken string `json:"ingress_token,omitempty"`
+}
+
+// Clone is a deep copy of n (nil for nil).
+func (n *Network) Clone() *Network {
+	if n == nil {
+		return nil
+	}
+	c := *n
+	c.Allow, c.Deny = slices.Clone(n.Allow), slices.Clone(n.Deny)
+	return &c
 }
 
 // SnapshotState is the progress of a snapshot.
