@@ -31,9 +31,9 @@ type browserTab struct {
 	expected []string // refusals the test provokes (expectRefusal)
 }
 
-// expectRefusal says the test is about to provoke an HTTP 401 from path
-// (a wrong or revoked token): the browser logs a failed request for it as
-// an error, which is then not one of the page's.
+// expectRefusal says the test is about to provoke a 4xx answer from path
+// (a wrong or revoked token, input the server refuses): the browser logs a
+// failed request for it as an error, which is then not one of the page's.
 func (b *browserTab) expectRefusal(path string) {
 	b.mu.Lock()
 	b.expected = append(b.expected, path)
@@ -213,7 +213,7 @@ func (b *browserTab) noConsoleErrors() {
 next:
 	for _, p := range b.problems {
 		for _, path := range b.expected {
-			if strings.Contains(p, "status of 401") && strings.Contains(p, path+":") {
+			if strings.Contains(p, "status of 4") && strings.Contains(p, path+":") {
 				continue next
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,6 +133,47 @@ func TestConsole(t *testing.T) {
 	if !bytes.Equal(got, payload) {
 		t.Fatalf("downloaded %d bytes, not the %d uploaded", len(got), len(payload))
 	}
+
+	// The network policy, edited on the page: egress none with one address
+	// allowed, then a rule the server refuses. The sandbox follows at once.
+	pub := s.up.Public[0].String()
+	reach := func() bool {
+		out, _ := s.sh(sbx, "curl -sS -m 3 http://"+pub+"/ 2>&1")
+		return reachedUpstream(out)
+	}
+	if !reach() {
+		t.Fatalf("with the default egress (public) the sandbox does not reach %s", pub)
+	}
+	setPolicy := func(egress, allow string) {
+		t.Helper()
+		b.eval(`(() => { document.getElementById('net-egress').value = ` + jsonText(egress) + `; document.getElementById('net-allow').value = ` + jsonText(allow) +
+			`; document.getElementById('net-form').dispatchEvent(new Event('input')); return ''; })()`)
+		b.do("save the policy", 10*time.Second, chromedp.Click(chromedp.CSS("#net-save")))
+	}
+	setPolicy("none", "")
+	b.waitFor("the policy saved", `document.getElementById('net-status').dataset.state === 'succeeded'`, 10*time.Second)
+	b.waitFor("the details showing it", `document.getElementById('details').textContent.includes('egress none')`, 10*time.Second)
+	if reach() {
+		t.Fatal("egress none set in the console, and the sandbox still reaches the upstream")
+	}
+	b.expectRefusal("/v1/sandboxes/" + sbx + "/network")
+	setPolicy("none", "198.51.100.0/33\n"+pub)
+	b.waitFor("the refusal", `document.getElementById('net-status').dataset.state === 'failed'`, 10*time.Second)
+	if msg := b.eval(`document.getElementById('net-status').textContent`); !strings.Contains(msg, "198.51.100.0/33") {
+		t.Fatalf("the refused rule is not named: %q", msg)
+	}
+	setPolicy("none", pub)
+	b.waitFor("the policy saved", `document.getElementById('net-status').dataset.state === 'succeeded'`, 10*time.Second)
+	if sb, err := s.client().GetSandbox(context.Background(), sbx); err != nil || sb.Network == nil || sb.Network.Egress != "none" || !slices.Equal(sb.Network.Allow, []string{pub}) {
+		t.Fatalf("the policy saved in the console: %+v %v", sb, err)
+	}
+	if !reach() {
+		t.Fatalf("%s allowed in the console, and the sandbox does not reach it", pub)
+	}
+	if got := b.eval(`document.getElementById('net-ingress').textContent`); got == "" || got == "—" {
+		t.Fatal("the ingress token is not shown")
+	}
+	b.shot("sandbox-network")
 
 	// A counter prints in the terminal across a suspend and a wake: the
 	// terminal reconnects (Last-Event-ID) and keeps what it showed.

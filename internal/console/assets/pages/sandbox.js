@@ -1,10 +1,12 @@
 // One sandbox: its record (live), lifecycle buttons whose operations show
-// progress, a terminal, files, processes, operations and usage charts.
+// progress, a terminal, files, the network policy, processes, operations
+// and usage charts.
 import { api, watch, waitOperation } from '../api.js';
 import { h, clear, stateBadge, ago, time, bytes, toast, confirmDialog, announce, section, table, took } from '../ui.js';
 import { lifecycle, canWrite } from './sandboxes.js';
 import { terminalPanel } from '../terminal.js';
 import { filesPanel } from './files.js';
+import { networkPanel } from './network.js';
 import { lineChart } from '../chart.js';
 
 const BUTTONS = [
@@ -38,6 +40,7 @@ export async function sandboxPage(main, [id], signal) {
   const term = terminalPanel(id, signal);
   const procs = h('div', { id: 'processes' });
   const charts = h('div', { class: 'charts', id: 'charts' });
+  const network = networkPanel(id, { signal, onSaved: (rec) => { sb = rec; paint(); } });
 
   function paint() {
     clear(head, h('h1', { class: 'mono' }, sb.id), stateBadge(sb.state));
@@ -58,6 +61,7 @@ export async function sandboxPage(main, [id], signal) {
         ['Error', sb.error ? `${sb.error.code}: ${sb.error.message}` : '—'],
       ].flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
     for (const [i, [, , from]] of BUTTONS.entries()) buttons[i].disabled = !canWrite() || !from.includes(sb.state);
+    network.update(sb);
   }
 
   function showOp(op) {
@@ -125,6 +129,7 @@ export async function sandboxPage(main, [id], signal) {
     progress,
     h('div', { class: 'sandbox-grid' }, section('Terminal', term.el), section('Details', details)),
     section('Files', filesPanel(id, signal)),
+    section('Network', network.el),
     section('Processes', h('button', { type: 'button', onclick: loadProcs }, 'Refresh'), procs),
     section('Operations', table('Operations of this sandbox', ['Started', 'Kind', 'State', 'Took', 'Error'], [], { id: 'ops-table' })),
     section('Usage', charts));

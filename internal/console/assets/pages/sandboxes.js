@@ -153,6 +153,8 @@ export async function sandboxes(main, _params, signal) {
   // Create.
   const tplSel = h('select', { id: 'create-template', 'aria-label': 'Template' });
   const rtSel = h('select', { id: 'create-runtime', 'aria-label': 'Runtime' });
+  const egressSel = h('select', { id: 'create-egress', 'aria-label': 'Egress' },
+    h('option', { value: '' }, 'server default'), h('option', { value: 'public' }, 'public'), h('option', { value: 'none' }, 'none'));
   const createBtn = h('button', { type: 'submit', id: 'create', disabled: !canWrite() }, 'Create sandbox');
   const createForm = h('form', { class: 'inline', onsubmit: async (e) => {
     e.preventDefault();
@@ -161,6 +163,7 @@ export async function sandboxes(main, _params, signal) {
       const body = {};
       if (tplSel.value) body.template = tplSel.value;
       if (rtSel.value) body.runtime = rtSel.value;
+      if (egressSel.value) body.network = { egress: egressSel.value };
       const r = await api('POST', '/v1/sandboxes', { body });
       upsert(r.sandbox, true);
       refilter();
@@ -171,7 +174,8 @@ export async function sandboxes(main, _params, signal) {
     } finally {
       createBtn.disabled = !canWrite();
     }
-  } }, h('label', { for: 'create-template' }, 'Template'), tplSel, h('label', { for: 'create-runtime' }, 'Runtime'), rtSel, createBtn);
+  } }, h('label', { for: 'create-template' }, 'Template'), tplSel, h('label', { for: 'create-runtime' }, 'Runtime'), rtSel,
+  h('label', { for: 'create-egress' }, 'Egress'), egressSel, createBtn);
 
   stateSel.addEventListener('change', () => { stateFilter = stateSel.value; reload(); });
   text.addEventListener('input', () => { textFilter = text.value.trim().toLowerCase(); refilter(); updateBulk(); });
