@@ -707,3 +707,16 @@ func TestCLI(t *testing.T) {
 
 var _ = fmt.Sprint
 var _ = http.MethodGet
+
+// TestDefaultIdlePolicyReadsAsWritten: a sandbox that names no idle policy
+// shows the server's --idle-timeout the way a client writes a duration
+// ("1h30m", not Go's "1h30m0s"), so one compared as a string matches.
+func TestDefaultIdlePolicyReadsAsWritten(t *testing.T) {
+	s := startServer(t, serverOpts{args: []string{"--runtime", "fake", "--idle-timeout", "90m"}})
+	r := s.do("POST", "/v1/sandboxes", s.token, []byte(`{}`))
+	var created client.CreateSandboxResponse
+	r.json(t, &created)
+	if r.status != 202 || created.Sandbox.AutoLifecycle.IdleTimeout != "1h30m" {
+		t.Fatalf("create = %d, idle_timeout %q: %s", r.status, created.Sandbox.AutoLifecycle.IdleTimeout, r.body)
+	}
+}

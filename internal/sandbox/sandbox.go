@@ -7,6 +7,7 @@ package sandbox
 import (
 	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -57,6 +58,20 @@ type AutoLifecycle struct {
 	// suspend) runs. "" or "0s": no timeout.
 	Timeout       string `json:"timeout,omitempty"`
 	TimeoutAction string `json:"timeout_action,omitempty"`
+}
+
+// FormatDuration writes d as a duration string of the API the way people
+// write one: "10m", "1h30m", "1h", "1m30s", "1.5s" — Go's "10m0s" without its
+// zero tail, so a server default reads like what a client would send.
+func FormatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // TimeoutDuration is the parsed Timeout (0 for none).

@@ -207,7 +207,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 		Store:            st, Runtimes: h.Runtimes, DefaultRuntime: h.Default, Templates: h.Templates,
 		SnapshotRoot: filepath.Join(cfg.DataDir, SnapshotsDir), Archive: archive, Logger: log, Observer: m,
 		OperationTimeout: cfg.OperationTimeout, MaxActiveSandboxes: cfg.MaxSandboxes,
-		DefaultAutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: cfg.IdleTimeout.String(), IdleAction: cfg.IdleAction},
+		DefaultAutoLifecycle: sandbox.AutoLifecycle{IdleTimeout: sandbox.FormatDuration(cfg.IdleTimeout), IdleAction: cfg.IdleAction},
 		SuspendPausedAfter:   cfg.SuspendPausedAfter,
 		Node:                 derefOr(nodeOf, ""),
 		MaxParallelOps:       parallelOps(cfg),
