@@ -42,7 +42,7 @@ func benchCmd(ctx context.Context, args []string, o Options) error {
 	} {
 		fs.StringVar(f.p, f.name, envOr(config.EnvName(f.name), f.def), fmt.Sprintf("with --baseline on vm: %s, as the server's (env %s)", f.usage, config.EnvName(f.name)))
 	}
-	if _, err := parse(fs, args); err != nil {
+	if _, err := parse(fs, args, o.Stderr); err != nil {
 		return err
 	}
 	tok := cf.resolvedToken()

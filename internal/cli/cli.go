@@ -188,8 +188,9 @@ func envOr(k, def string) string {
 }
 
 // parse parses flags allowing them before and after positional arguments.
-// Everything after "--" is positional, untouched.
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+// Everything after "--" is positional, untouched. -h prints the flags to
+// help.
+func parse(fs *flag.FlagSet, args []string, help io.Writer) ([]string, error) {
 	fs.SetOutput(io.Discard)
 	var tail []string
 	for i, a := range args {
@@ -198,19 +199,19 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 			break
 		}
 	}
-	pos, err := parseFlags(fs, args)
+	pos, err := parseFlags(fs, args, help)
 	if err != nil {
 		return nil, err
 	}
 	return append(pos, tail...), nil
 }
 
-func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+func parseFlags(fs *flag.FlagSet, args []string, help io.Writer) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fs.SetOutput(os.Stderr)
+				fs.SetOutput(help)
 				fs.PrintDefaults()
 				return nil, flag.ErrHelp
 			}
@@ -229,7 +230,7 @@ func serve(ctx context.Context, args []string, o Options) error {
 	var cfg config.Serve
 	fs := flag.NewFlagSet("space serve", flag.ContinueOnError)
 	cfg.Flags(fs)
-	pos, err := parse(fs, args)
+	pos, err := parse(fs, args, o.Stderr)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package cli
 import (
 	"flag"
 	"io"
-	"os"
 	"strings"
 	"testing"
 )
@@ -44,7 +43,7 @@ func TestHelpNeverShowsSecretsFromTheEnvironment(t *testing.T) {
 	var c clientFlags
 	fs := flag.NewFlagSet("sandbox list", flag.ContinueOnError)
 	c.register(fs)
-	if _, err := parse(fs, nil); err != nil {
+	if _, err := parse(fs, nil, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.resolvedToken(); got != secrets["SPACE_API_TOKEN"] {
@@ -52,21 +51,10 @@ func TestHelpNeverShowsSecretsFromTheEnvironment(t *testing.T) {
 	}
 }
 
-// helpOf runs the CLI with args and returns all it wrote (flag help goes
-// to the process's standard error).
+// helpOf runs the CLI with args and returns all it wrote.
 func helpOf(t *testing.T, args []string) string {
 	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr := os.Stderr
-	os.Stderr = w
-	done := make(chan string)
-	go func() { b, _ := io.ReadAll(r); done <- string(b) }()
-	var out strings.Builder
-	Main(args, Options{Stdout: &out, Stderr: w})
-	os.Stderr = stderr
-	w.Close()
-	return out.String() + <-done
+	var out, errOut strings.Builder
+	Main(args, Options{Stdout: &out, Stderr: &errOut})
+	return out.String() + errOut.String()
 }

@@ -23,7 +23,7 @@ func execCmd(ctx context.Context, args []string, o Options) error {
 	fs.Var(env, "env", "environment variable KEY=VALUE (repeatable)")
 	stdin := fs.Bool("stdin", false, "send this process's stdin to the command")
 	tty := fs.Bool("tty", false, "run the command in a terminal")
-	pos, err := parse(fs, args)
+	pos, err := parse(fs, args, o.Stderr)
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func filesCmd(ctx context.Context, args []string, o Options) error {
 	cf.register(fs)
 	mode := fs.String("mode", "", "file mode for put, octal like 0644")
 	depth := fs.Int("depth", 1, "listing depth for ls")
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ func nodeCmd(ctx context.Context, args []string, o Options) error {
 	var cf clientFlags
 	fs := flag.NewFlagSet("space node "+args[0], flag.ContinueOnError)
 	cf.register(fs)
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func projectCmd(ctx context.Context, args []string, o Options) error {
 	fs.IntVar(&q.SnapshotMiB, "snapshot-mib", 0, "quota: size (MiB) of the project's snapshots")
 	fs.IntVar(&q.Templates, "templates", 0, "quota: template names the project builds")
 	fs.IntVar(&q.WarmPool, "warm-pool", 0, "quota: min_ready summed over the project's warm pools")
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}

@@ -126,7 +126,7 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 		fs.IntVar(&limit, "limit", 0, "page size")
 		fs.BoolVar(&all, "all", false, "follow next_cursor to the end")
 	}
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}
@@ -318,7 +318,7 @@ func operationCmd(ctx context.Context, args []string, o Options) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long wait waits")
 	sbID := fs.String("sandbox", "", "only operations of this sandbox (list)")
 	limit := fs.Int("limit", 0, "page size (list)")
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}

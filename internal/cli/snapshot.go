@@ -23,7 +23,7 @@ func snapshotCmd(ctx context.Context, args []string, o Options) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long --wait waits")
 	sbID := fs.String("sandbox", "", "only snapshots of this sandbox (list)")
 	limit := fs.Int("limit", 0, "page size (list)")
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}

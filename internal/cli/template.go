@@ -36,7 +36,7 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	config.SecretVar(fs, storeURL, "store", "SPACE_STORE", "gc: the server's --store: empty for SQLite in the data directory, or a postgres:// `URL`")
 	blobURL := fs.String("blob-store", os.Getenv("SPACE_BLOB_STORE"), "the server's --blob-store: builds, tags, rm and gc act on its templates there too (env SPACE_BLOB_STORE)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}
@@ -177,7 +177,7 @@ func tagFromSnapshot(ctx context.Context, args []string, o Options) error {
 	fs := flag.NewFlagSet("space template tag", flag.ContinueOnError)
 	cf.register(fs)
 	from := fs.String("from-snapshot", "", "the snapshot (snap_…) the template starts from")
-	pos, err := parse(fs, args)
+	pos, err := parse(fs, args, o.Stderr)
 	if err != nil {
 		return err
 	}

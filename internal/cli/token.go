@@ -40,7 +40,7 @@ func tokenCmd(ctx context.Context, args []string, o Options) error {
 	expires := fs.String("expires", "", "create: lifetime, as days (30d) or a duration (12h); default: never")
 	rate := fs.Float64("rate", 0, "create: requests per second the token may make (0: no limit)")
 	burst := fs.Int("burst", 0, "create: requests the token may make at once above its rate (default: 2 × rate)")
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, args[1:], o.Stderr)
 	if err != nil {
 		return err
 	}
