@@ -15,7 +15,8 @@ import (
 )
 
 // Decode reads one JSON value from r into v. An empty body (or only
-// whitespace) leaves v untouched and is not an error. Errors are
+// whitespace) leaves v untouched and is not an error; so does `null`,
+// JSON's own "no value" (a client serialising an absent body sends it). Errors are
 // invalid_argument, or too_large when r is an http.MaxBytesReader that hit
 // its limit.
 func Decode(r io.Reader, v any) error {

@@ -24,6 +24,8 @@ func TestDecode(t *testing.T) {
 		{body: `{"name":"a","n":1}`},
 		{body: ``},
 		{body: "  \n"},
+		{body: `null`}, // JSON's "no value": the same as no body
+		{body: `[]`, kind: errdefs.InvalidArgument, want: "expected"},
 		{body: `{"name":"a"} `},
 		{body: `{"nope":1}`, kind: errdefs.InvalidArgument, want: `unknown field "nope"`},
 		{body: `{"n":"x"}`, kind: errdefs.InvalidArgument, want: "field n must be int"},
