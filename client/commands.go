@@ -339,14 +339,16 @@ func (c *Client) filesURL(sandboxID, suffix string, q url.Values) string {
 	return u.String()
 }
 
-func (c *Client) rawRequest(ctx context.Context, method, u string, body io.Reader) (*http.Response, error) {
+// rawRequest sends body as it is (of contentType) and returns the answer
+// unread; an error status is the API's error.
+func (c *Client) rawRequest(ctx context.Context, method, u, contentType string, body io.Reader) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, u, body)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	if body != nil {
-		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("Content-Type", contentType)
 	}
 	hc := *c.http
 	hc.Timeout = 0 // transfers take as long as they take; ctx bounds them
@@ -364,7 +366,7 @@ func (c *Client) rawRequest(ctx context.Context, method, u string, body io.Reade
 
 // ReadFile streams a file from a sandbox into w.
 func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writer) (int64, error) {
-	resp, err := c.rawRequest(ctx, http.MethodGet, c.filesURL(sandboxID, "", url.Values{"path": {path}}), nil)
+	resp, err := c.rawRequest(ctx, http.MethodGet, c.filesURL(sandboxID, "", url.Values{"path": {path}}), "", nil)
 	if err != nil {
 		return 0, err
 	}
@@ -382,7 +384,7 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path, mode string, r 
 	if mode != "" {
 		q.Set("mode", mode)
 	}
-	resp, err := c.rawRequest(ctx, http.MethodPut, c.filesURL(sandboxID, "", q), r)
+	resp, err := c.rawRequest(ctx, http.MethodPut, c.filesURL(sandboxID, "", q), "application/octet-stream", r)
 	if err != nil {
 		return nil, err
 	}
@@ -434,4 +436,90 @@ func (c *Client) SendStdin(ctx context.Context, s *Session, data []byte) error {
 // CloseStdin closes the session's stdin.
 func (c *Client) CloseStdin(ctx context.Context, s *Session) error {
 	return c.sessionPost(ctx, s, "/stdin:close", nil)
+}
+
+// StatFile describes one path in the sandbox (a symlink: what it leads to).
+func (c *Client) StatFile(ctx context.Context, sandboxID, path string) (*Entry, error) {
+	var e Entry
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/files:stat", url.Values{"path": {path}}, "", nil, &e); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// RemoveFile removes path; a directory with entries only when recursive.
+func (c *Client) RemoveFile(ctx context.Context, sandboxID, path string, recursive bool) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	_, err := c.Do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/files", q, "", nil, nil)
+	return err
+}
+
+// MakeDir makes a directory and its parents; mode is octal ("0755"), ""
+// for the default.
+func (c *Client) MakeDir(ctx context.Context, sandboxID, path, mode string) (*Entry, error) {
+	var e Entry
+	body := map[string]string{"path": path}
+	if mode != "" {
+		body["mode"] = mode
+	}
+	if _, err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/files:mkdir", nil, "", body, &e); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// MoveFile renames from to to inside the sandbox.
+func (c *Client) MoveFile(ctx context.Context, sandboxID, from, to string) (*Entry, error) {
+	var e Entry
+	if _, err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/files:move", nil, "", map[string]string{"from": from, "to": to}, &e); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// Process is a command session's process.
+type Process struct {
+	ID        string     `json:"id"`
+	State     string     `json:"state"` // running, exited
+	Command   []string   `json:"command"`
+	Cwd       string     `json:"cwd,omitempty"`
+	PTY       bool       `json:"pty"`
+	PID       int        `json:"pid,omitempty"`
+	User      string     `json:"user,omitempty"`
+	ExitCode  *int       `json:"exit_code"`
+	Signal    *string    `json:"signal"`
+	Error     *ErrorInfo `json:"error"`
+	StartedAt *time.Time `json:"started_at"`
+	ExitedAt  *time.Time `json:"exited_at"`
+	CreatedAt time.Time  `json:"created_at"`
+}
+
+// ListProcesses lists the sandbox's command sessions' processes.
+func (c *Client) ListProcesses(ctx context.Context, sandboxID string) ([]Process, error) {
+	var out struct {
+		Items []Process `json:"items"`
+	}
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/processes", nil, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Items, nil
+}
+
+// GetProcess reads one process (an exited one keeps its exit for a while).
+func (c *Client) GetProcess(ctx context.Context, sandboxID, processID string) (*Process, error) {
+	var p Process
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/processes/"+url.PathEscape(processID), nil, "", nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// SignalProcess sends signal ("SIGTERM", "SIGKILL", "SIGINT", …) to a
+// process.
+func (c *Client) SignalProcess(ctx context.Context, sandboxID, processID, signal string) error {
+	_, err := c.Do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(sandboxID)+"/processes/"+url.PathEscape(processID)+":signal", nil, "", map[string]string{"signal": signal}, nil)
+	return err
 }

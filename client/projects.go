@@ -82,6 +82,22 @@ func (c *Client) ListProjects(ctx context.Context) ([]Project, error) {
 	return out.Items, err
 }
 
+// GetProject reads one project.
+func (c *Client) GetProject(ctx context.Context, name string) (*Project, error) {
+	var out Project
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/projects/"+url.PathEscape(name), nil, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeleteProject removes a project; refused (failed_precondition) while it
+// holds sandboxes, snapshots or tokens not revoked.
+func (c *Client) DeleteProject(ctx context.Context, name string) error {
+	_, err := c.Do(ctx, http.MethodDelete, "/v1/projects/"+url.PathEscape(name), nil, "", nil, nil)
+	return err
+}
+
 // SetProjectQuotas sets a project's quotas (admin; within its limits),
 // or its limits (owner) when limits is true.
 func (c *Client) SetProjectQuotas(ctx context.Context, name string, q Quotas, limits bool) (*Project, error) {

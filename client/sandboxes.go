@@ -368,6 +368,15 @@ func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 	return err
 }
 
+// GetSnapshot reads one snapshot.
+func (c *Client) GetSnapshot(ctx context.Context, id string) (*Snapshot, error) {
+	var out Snapshot
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/snapshots/"+url.PathEscape(id), nil, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Node is a cluster node (space serve --role node).
 type Node struct {
 	ID           string `json:"id"`
@@ -401,6 +410,15 @@ func (c *Client) ListNodes(ctx context.Context) ([]Node, error) {
 		return nil, err
 	}
 	return out.Nodes, nil
+}
+
+// GetNode reads one cluster node.
+func (c *Client) GetNode(ctx context.Context, id string) (*Node, error) {
+	var out Node
+	if _, err := c.Do(ctx, http.MethodGet, "/v1/nodes/"+url.PathEscape(id), nil, "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // SetNodeState cordons, uncordons or drains a node (verb "cordon",

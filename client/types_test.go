@@ -6,9 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spacesandbox/space/internal/commands"
+	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/sandboxio"
 	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/templates"
+	"github.com/spacesandbox/space/internal/usage"
 )
 
 // The client decodes into types of its own: each must carry every field
@@ -28,6 +32,10 @@ func TestClientTypesCarryEveryFieldTheServerSends(t *testing.T) {
 		{store.Quotas{}, Quotas{}},
 		{store.AuditEntry{}, AuditEntry{}},
 		{sandboxio.Entry{}, Entry{}},
+		{commands.Process{}, Process{}},
+		{templates.Template{}, Template{}},
+		{lifecycle.WarmPool{}, WarmPool{}},
+		{usage.Sample{}, MetricSample{}},
 	} {
 		have := jsonFields(reflect.TypeOf(c.client))
 		for _, f := range jsonFields(reflect.TypeOf(c.server)) {
@@ -43,6 +51,10 @@ func jsonFields(t reflect.Type) []string {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			out = append(out, jsonFields(f.Type)...) // encoding/json flattens it
+			continue
+		}
 		if !f.IsExported() || name == "-" {
 			continue
 		}

@@ -208,6 +208,9 @@ func TestProductionBackends(t *testing.T) {
 		t.Fatalf("named snapshot: %+v", op.Error)
 	}
 	snapID := snap.ID
+	if got, err := c.GetSnapshot(context.Background(), snapID); err != nil || got.State != "ready" || got.Name != "stored" || got.SizeBytes <= 0 || got.SandboxID != fresh {
+		t.Fatalf("GetSnapshot: %+v %v", got, err)
+	}
 	readManifest(t, srv, bucket, snapID)
 	if err := os.RemoveAll(filepath.Join(s.dataDir, "snapshots", snapID)); err != nil {
 		t.Fatal(err)

@@ -380,6 +380,12 @@ func TestCluster(t *testing.T) {
 	if out, _, code := c1.runCLI("node", "uncordon", drained); code != 0 || !strings.Contains(out, "ready") {
 		t.Fatalf("space node uncordon: %q", out)
 	}
+	if n, err := c2.client().GetNode(ctx, drained); err != nil || n.ID != drained || n.State != "ready" {
+		t.Fatalf("GetNode after uncordon: %+v %v", n, err)
+	}
+	if n, err := c2.client().GetNode(ctx, home); err != nil || n.State != "lost" {
+		t.Fatalf("GetNode of the lost node: %+v %v", n, err)
+	}
 
 	// The lost node comes back: it takes nothing of what was failed or
 	// moved, and is ready again.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -661,6 +662,23 @@ func TestProjects(t *testing.T) {
 		}
 		if r := s.do("POST", "/v1/projects", s.token, []byte(`{"name":"Not_A_Name"}`)); r.status != 400 {
 			t.Errorf("a malformed project name = %d", r.status)
+		}
+		// Through the Go client: an empty project is read, then removed.
+		c := s.client()
+		if _, err := c.CreateProject(context.Background(), "short-lived", client.Quotas{}); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := c.GetProject(context.Background(), "short-lived"); err != nil || p.Name != "short-lived" {
+			t.Fatalf("GetProject: %+v %v", p, err)
+		}
+		if err := c.DeleteProject(context.Background(), "team-a"); !client.IsCode(err, "failed_precondition") {
+			t.Errorf("DeleteProject of a project that holds sandboxes: %v", err)
+		}
+		if err := c.DeleteProject(context.Background(), "short-lived"); err != nil {
+			t.Fatalf("DeleteProject: %v", err)
+		}
+		if _, err := c.GetProject(context.Background(), "short-lived"); !client.IsCode(err, "not_found") {
+			t.Errorf("GetProject after DeleteProject: %v", err)
 		}
 	})
 }

@@ -5,12 +5,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -96,9 +96,21 @@ func TestTemplateImportOCIGVisor(t *testing.T) {
 	cfg.Config.Env = []string{"PATH=/bin", "FROM_IMAGE=yes"}
 	img, _ = mutate.ConfigFile(img, cfg)
 	body := imageArchive(t, img, "example.invalid/e2e:v1")
-	op, r := s.postTemplate("application/x-tar", "?name=imported&tag=v1", body)
-	if op == nil || op.State != "succeeded" || op.Kind != "build" {
-		t.Fatalf("import = %s %+v", r.body, op)
+	// Through the Go client: the archive streamed as application/x-tar.
+	started, err := s.client().ImportTemplate(context.Background(), "imported", "v1", bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	op := s.waitOp(started.ID)
+	if op.State != "succeeded" || op.Kind != "build" {
+		t.Fatalf("import = %+v", op)
+	}
+	tpl, err := s.client().GetTemplate(context.Background(), "imported:v1")
+	if err != nil || !strings.HasPrefix(tpl.Digest, "sha256:") || tpl.Ref() != "imported:v1" {
+		t.Fatalf("GetTemplate: %+v %v", tpl, err)
+	}
+	if list, err := s.client().ListTemplates(context.Background()); err != nil || !slices.ContainsFunc(list, func(x client.Template) bool { return x.Ref() == "imported:v1" && x.Digest == tpl.Digest }) {
+		t.Fatalf("ListTemplates: %+v %v", list, err)
 	}
 	out, _, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{Template: "imported:v1"}, "")
 	if err != nil {
@@ -128,11 +140,13 @@ func TestTemplateImportOCIGVisor(t *testing.T) {
 	// Spec builds: unknown base is refused at once; files land.
 	expectError(t, s.do("POST", "/v1/templates", s.token, []byte(`{"name":"x","base":"nope:latest"}`)), 404, "not_found")
 	expectError(t, s.do("POST", "/v1/templates", s.token, []byte(`{"name":"x","base":"test:latest","start_command":["sleep","1"]}`)), 400, "invalid_argument")
-	spec, _ := json.Marshal(map[string]any{"name": "withfile", "base": "test:latest", "env": map[string]string{"TPL": "1"}, "workdir": "/work",
-		"files": []map[string]string{{"path": "/work/hello.txt", "content": "aGVsbG8K"}}})
-	op, r = s.postTemplate("application/json", "", spec)
-	if op == nil || op.State != "succeeded" {
-		t.Fatalf("spec build = %s %+v", r.body, op)
+	started, err = s.client().BuildTemplate(context.Background(), client.TemplateSpec{Name: "withfile", Base: "test:latest", Env: map[string]string{"TPL": "1"}, Workdir: "/work",
+		Files: []client.TemplateFile{{Path: "/work/hello.txt", Content: []byte("hello\n")}}}, "")
+	if err != nil {
+		t.Fatalf("spec build: %v", err)
+	}
+	if op = s.waitOp(started.ID); op.State != "succeeded" {
+		t.Fatalf("spec build = %+v", op)
 	}
 	out, _, _ = s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{Template: "withfile:latest"}, "")
 	s.waitOp(out.Operation.ID)
