@@ -694,8 +694,31 @@ func TestCLI(t *testing.T) {
 	if out, _, code := s.runCLI("operation", "get", page.Items[1].ID, "--json"); code != 0 || !strings.Contains(out, `"kind": "pause"`) {
 		t.Fatalf("operation get = %d %s", code, out)
 	}
+	var samples []client.MetricSample
+	if out, errOut, code := s.runCLI("sandbox", "metrics", id, "--since", "1h", "--json"); code != 0 || json.Unmarshal([]byte(out), &samples) != nil {
+		t.Fatalf("sandbox metrics: %d %q %q", code, out, errOut)
+	}
 	if _, _, code := s.runCLI("sandbox", "delete", id, "--wait"); code != 0 {
 		t.Fatal("delete failed")
+	}
+
+	// The project's warm pool, set and read from the CLI.
+	if out, errOut, code := s.runCLI("pool", "set", "seed:latest", "1"); code != 0 || !strings.Contains(out, "seed:latest: min_ready 1") {
+		t.Fatalf("pool set: %d %q %q", code, out, errOut)
+	}
+	waitFor(t, "the pool filled", func() bool {
+		out, _, _ := s.runCLI("pool", "get", "seed:latest")
+		return strings.Contains(out, "ready 1,")
+	})
+	var wp client.WarmPool
+	if out, errOut, code := s.runCLI("pool", "set", "seed:latest", "0", "--json"); code != 0 || json.Unmarshal([]byte(out), &wp) != nil || wp.MinReady != 0 {
+		t.Fatalf("pool set 0: %d %q %q", code, out, errOut)
+	}
+	if _, _, code := s.runCLI("pool", "set", "seed:latest", "two"); code != 2 {
+		t.Fatalf("pool set two: exit %d, want 2", code)
+	}
+	if _, errOut, code := s.runCLI("pool", "set", "seed:latest", "1000000"); code != 1 || !strings.Contains(errOut, "invalid_argument") {
+		t.Fatalf("pool set 1000000: %d %q", code, errOut)
 	}
 	if _, _, code := s.runCLI("sandbox", "frobnicate"); code != 2 {
 		t.Fatalf("unknown verb exit %d, want 2", code)

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -566,6 +567,62 @@ func testCLIExecAndFiles(t *testing.T, rt string) {
 	}
 	if _, errOut, code := s.runCLI("files", "get", sbx, "/data/missing"); code != 1 || !strings.Contains(errOut, "not_found") {
 		t.Fatalf("files get missing: %d %q", code, errOut)
+	}
+	if out, errOut, code := s.runCLI("files", "mkdir", sbx, "/data/sub/deeper", "--mode", "0700"); code != 0 || !strings.Contains(out, "/data/sub/deeper") || !strings.Contains(out, "dir") {
+		t.Fatalf("files mkdir: %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := s.runCLI("files", "mv", sbx, "/data/in.bin", "/data/sub/moved.bin"); code != 0 || !strings.Contains(out, "/data/sub/moved.bin") {
+		t.Fatalf("files mv: %d %q %q", code, out, errOut)
+	}
+	var st client.Entry
+	if out, errOut, code := s.runCLI("files", "stat", sbx, "/data/sub/moved.bin", "--json"); code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Size != 300000 || st.Mode != "0600" {
+		t.Fatalf("files stat: %d %q %q", code, out, errOut)
+	}
+	if _, _, code := s.runCLI("files", "stat", sbx, "/data/in.bin"); code != 1 {
+		t.Fatalf("files stat of the moved-away path: exit %d", code)
+	}
+	if _, errOut, code := s.runCLI("files", "rm", sbx, "/data/sub"); code != 1 {
+		t.Fatalf("files rm of a full directory without -r: exit %d %q", code, errOut)
+	}
+	if _, errOut, code := s.runCLI("files", "rm", "-r", sbx, "/data/sub"); code != 0 {
+		t.Fatalf("files rm -r: %d %q", code, errOut)
+	}
+	if _, errOut, code := s.runCLI("files", "stat", sbx, "/data/sub"); code != 1 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("files stat after rm -r: %d %q", code, errOut)
+	}
+
+	// A running process, seen and killed with `space process`.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sess, err := s.client().CreateCommand(ctx, sbx, client.CommandRequest{Command: []string{"sleep", "300"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := s.client().Attach(ctx, sess, "", 3, func(client.Event) error { return nil })
+		ended <- err
+	}()
+	waitFor(t, "the process listed", func() bool {
+		out, _, _ := s.runCLI("process", "list", sbx)
+		return strings.Contains(out, sess.ProcessID) && strings.Contains(out, "sleep 300") && strings.Contains(out, "running")
+	})
+	if _, errOut, code := s.runCLI("process", "signal", sbx, sess.ProcessID, "--signal", "SIGNOPE"); code != 1 || !strings.Contains(errOut, "invalid_argument") {
+		t.Fatalf("process signal SIGNOPE: %d %q", code, errOut)
+	}
+	if out, errOut, code := s.runCLI("process", "signal", sbx, sess.ProcessID, "--signal", "SIGKILL"); code != 0 || !strings.Contains(out, "SIGKILL") {
+		t.Fatalf("process signal: %d %q %q", code, out, errOut)
+	}
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("the killed process's stream: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the killed process's stream did not end")
+	}
+	if out, errOut, code := s.runCLI("process", "get", sbx, sess.ProcessID); code != 0 || !strings.Contains(out, "exited") || !strings.Contains(out, "SIGKILL") {
+		t.Fatalf("process get: %d %q %q", code, out, errOut)
 	}
 }
 

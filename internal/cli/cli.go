@@ -63,13 +63,15 @@ Server:
   space template build|list|inspect|tag|rm|gc   manage templates in the data directory
 
 Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
-  space sandbox create|list|get|pause|suspend|wake|fork|delete
+  space sandbox create|list|get|metrics|pause|suspend|wake|fork|delete
   space sandbox network SANDBOX [--egress public|none --allow X --deny X --public-ingress]   (also on create)
   space operation get|wait|list
   space snapshot create SANDBOX [--name N --wait] | list [--sandbox ID] | tag SNAPSHOT NAME:TAG | untag SNAPSHOT | rm SNAPSHOT…
   space node list | cordon NODE | uncordon NODE | drain NODE   (a cluster's nodes)
   space exec SANDBOX [--cwd DIR --env K=V --timeout 30s --stdin --tty] -- COMMAND [ARG…]
-  space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH
+  space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls|stat|mkdir SANDBOX PATH | mv SANDBOX FROM TO | rm [-r] SANDBOX PATH
+  space process list SANDBOX | get SANDBOX PROCESS | signal SANDBOX PROCESS [--signal SIGTERM]
+  space pool get NAME:TAG | set NAME:TAG MIN_READY   (the project's warm pool of a template)
   space bench [--runtime R --template T --runs N --quick --json-out FILE --baseline --data-dir D | --density N]
 
 Add --json to client verbs for machine-readable output.
@@ -138,6 +140,10 @@ func run(ctx context.Context, args []string, o Options) error {
 		return benchCmd(ctx, rest, o)
 	case "files", "file":
 		return filesCmd(ctx, rest, o)
+	case "process", "processes", "ps":
+		return processCmd(ctx, rest, o)
+	case "pool", "pools":
+		return poolCmd(ctx, rest, o)
 	case "help", "-h", "--help":
 		fmt.Fprint(o.Stdout, usage)
 		return nil
@@ -157,6 +163,28 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiURL, "api-url", envOr("SPACE_API_URL", "http://127.0.0.1:8080"), "control-plane URL (env SPACE_API_URL)")
 	config.SecretVar(fs, &c.token, "token", "SPACE_API_TOKEN", "API `token` (default: the data directory's api-token file when readable)")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
+}
+
+// clientFlagSet is a client verb's flag set, the client flags registered.
+func clientFlagSet(name string) (*flag.FlagSet, *clientFlags) {
+	cf := &clientFlags{}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	cf.register(fs)
+	return fs, cf
+}
+
+// parse parses a client verb's arguments (with the flags registered on fs)
+// and opens its client.
+func (c *clientFlags) parse(fs *flag.FlagSet, args []string, o Options) ([]string, *client.Client, error) {
+	pos, err := parse(fs, args, o.Stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	return pos, cl, nil
 }
 
 // resolvedToken is the flag's or environment's token, else the data

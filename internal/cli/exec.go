@@ -99,21 +99,18 @@ func execCmd(ctx context.Context, args []string, o Options) error {
 	return nil
 }
 
-// filesCmd moves files: space files get|put|ls.
+const filesUsage = "space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH | stat SANDBOX PATH | mkdir SANDBOX PATH | mv SANDBOX FROM TO | rm [-r] SANDBOX PATH"
+
+// filesCmd moves files: space files get|put|ls|stat|mkdir|mv|rm.
 func filesCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: space files get SANDBOX PATH [LOCAL] | put SANDBOX LOCAL PATH | ls SANDBOX PATH", errUsage)
+		return fmt.Errorf("%w: %s", errUsage, filesUsage)
 	}
-	var cf clientFlags
-	fs := flag.NewFlagSet("space files "+args[0], flag.ContinueOnError)
-	cf.register(fs)
-	mode := fs.String("mode", "", "file mode for put, octal like 0644")
+	fs, cf := clientFlagSet("space files " + args[0])
+	mode := fs.String("mode", "", "file mode for put and mkdir, octal like 0644")
 	depth := fs.Int("depth", 1, "listing depth for ls")
-	pos, err := parse(fs, args[1:], o.Stderr)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
+	recursive := fs.Bool("r", false, "rm: a directory and everything in it")
+	pos, c, err := cf.parse(fs, args[1:], o)
 	if err != nil {
 		return err
 	}
@@ -167,9 +164,46 @@ func filesCmd(ctx context.Context, args []string, o Options) error {
 			return printJSON(o.Stdout, items)
 		}
 		for _, e := range items {
-			fmt.Fprintf(o.Stdout, "%s %-7s %10d %s %s\n", e.Mode, e.Type, e.Size, e.ModTime.Format(time.RFC3339), e.Path)
+			printEntry(o.Stdout, e)
 		}
 		return nil
+	case "stat", "mkdir", "mv":
+		want := map[string]int{"stat": 2, "mkdir": 2, "mv": 3}[args[0]]
+		if len(pos) != want {
+			return fmt.Errorf("%w: %s", errUsage, filesUsage)
+		}
+		var e *client.Entry
+		switch args[0] {
+		case "stat":
+			e, err = c.StatFile(ctx, pos[0], pos[1])
+		case "mkdir":
+			e, err = c.MakeDir(ctx, pos[0], pos[1], *mode)
+		default:
+			e, err = c.MoveFile(ctx, pos[0], pos[1], pos[2])
+		}
+		if err != nil {
+			return err
+		}
+		if cf.json {
+			return printJSON(o.Stdout, e)
+		}
+		printEntry(o.Stdout, *e)
+		return nil
+	case "rm":
+		if len(pos) != 2 {
+			return fmt.Errorf("%w: space files rm [-r] SANDBOX PATH", errUsage)
+		}
+		return c.RemoveFile(ctx, pos[0], pos[1], *recursive)
 	}
 	return fmt.Errorf("%w: unknown files command %q", errUsage, args[0])
+}
+
+// printEntry writes one line of `ls -l`'s kind: mode, type, size, time,
+// path (and a symlink's target).
+func printEntry(w io.Writer, e client.Entry) {
+	line := fmt.Sprintf("%s %-7s %10d %s %s", e.Mode, e.Type, e.Size, e.ModTime.Format(time.RFC3339), e.Path)
+	if e.Target != "" {
+		line += " -> " + e.Target
+	}
+	fmt.Fprintln(w, line)
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"sort"
 	"strings"
@@ -15,14 +14,8 @@ func nodeCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: space node list | cordon NODE | uncordon NODE | drain NODE", errUsage)
 	}
-	var cf clientFlags
-	fs := flag.NewFlagSet("space node "+args[0], flag.ContinueOnError)
-	cf.register(fs)
-	pos, err := parse(fs, args[1:], o.Stderr)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
+	fs, cf := clientFlagSet("space node " + args[0])
+	pos, c, err := cf.parse(fs, args[1:], o)
 	if err != nil {
 		return err
 	}

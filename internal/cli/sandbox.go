@@ -87,11 +87,9 @@ func printJSON(w io.Writer, v any) error {
 
 func sandboxCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: space sandbox create|list|get|network|pause|suspend|wake|fork|delete", errUsage)
+		return fmt.Errorf("%w: space sandbox create|list|get|metrics|network|pause|suspend|wake|fork|delete", errUsage)
 	}
-	var cf clientFlags
-	fs := flag.NewFlagSet("space sandbox "+args[0], flag.ContinueOnError)
-	cf.register(fs)
+	fs, cf := clientFlagSet("space sandbox " + args[0])
 	wait := fs.Bool("wait", false, "wait for the operation to finish (lifecycle verbs, create)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long --wait waits")
 	key := fs.String("idempotency-key", "", "Idempotency-Key to send (default: a new random key)")
@@ -104,6 +102,7 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 	state := ""
 	limit := 0
 	all := false
+	var since time.Duration
 	switch args[0] {
 	case "create":
 		fs.StringVar(&req.Template, "template", "", "template (default seed:latest)")
@@ -121,16 +120,14 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 		nf.register(fs)
 	case "network":
 		nf.register(fs)
+	case "metrics":
+		fs.DurationVar(&since, "since", 0, "only samples of this last stretch, like 10m (default: all the server keeps)")
 	case "list":
 		fs.StringVar(&state, "state", "", "only sandboxes in this state")
 		fs.IntVar(&limit, "limit", 0, "page size")
 		fs.BoolVar(&all, "all", false, "follow next_cursor to the end")
 	}
-	pos, err := parse(fs, args[1:], o.Stderr)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
+	pos, c, err := cf.parse(fs, args[1:], o)
 	if err != nil {
 		return err
 	}
@@ -248,6 +245,27 @@ func sandboxCmd(ctx context.Context, args []string, o Options) error {
 			fmt.Fprintf(tw, "ERROR\t%s: %s\n", sb.Error.Code, sb.Error.Message)
 		}
 		return tw.Flush()
+	case "metrics":
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space sandbox metrics SANDBOX_ID [--since 10m]", errUsage)
+		}
+		var start time.Time
+		if since > 0 {
+			start = time.Now().Add(-since)
+		}
+		items, err := c.SandboxMetrics(ctx, pos[0], start, time.Time{})
+		if err != nil {
+			return err
+		}
+		if cf.json {
+			return printJSON(o.Stdout, items)
+		}
+		tw := tabwriter.NewWriter(o.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "TIME	CPU %	MEMORY MiB	OF MiB	DISK MiB	OF MiB	")
+		for _, m := range items {
+			fmt.Fprintf(tw, "%s	%.1f	%d	%d	%d	%d	\n", m.At.Local().Format(time.TimeOnly), m.CPUUsedPct, m.MemUsed>>20, m.MemTotal>>20, m.DiskUsed>>20, m.DiskTotal>>20)
+		}
+		return tw.Flush()
 	case "network":
 		// The policy is replaced whole, as PUT …/network does: flags not
 		// given take their defaults.
@@ -312,17 +330,11 @@ func operationCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: space operation get|wait|list", errUsage)
 	}
-	var cf clientFlags
-	fs := flag.NewFlagSet("space operation "+args[0], flag.ContinueOnError)
-	cf.register(fs)
+	fs, cf := clientFlagSet("space operation " + args[0])
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long wait waits")
 	sbID := fs.String("sandbox", "", "only operations of this sandbox (list)")
 	limit := fs.Int("limit", 0, "page size (list)")
-	pos, err := parse(fs, args[1:], o.Stderr)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
+	pos, c, err := cf.parse(fs, args[1:], o)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -15,19 +14,13 @@ func snapshotCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: space snapshot create SANDBOX [--name N] [--wait] | list [--sandbox ID] | tag SNAPSHOT NAME:TAG | untag SNAPSHOT | rm SNAPSHOT", errUsage)
 	}
-	var cf clientFlags
-	fs := flag.NewFlagSet("space snapshot "+args[0], flag.ContinueOnError)
-	cf.register(fs)
+	fs, cf := clientFlagSet("space snapshot " + args[0])
 	name := fs.String("name", "", "a name for the snapshot (create)")
 	wait := fs.Bool("wait", false, "wait until the snapshot is ready (create)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long --wait waits")
 	sbID := fs.String("sandbox", "", "only snapshots of this sandbox (list)")
 	limit := fs.Int("limit", 0, "page size (list)")
-	pos, err := parse(fs, args[1:], o.Stderr)
-	if err != nil {
-		return err
-	}
-	c, err := cf.client()
+	pos, c, err := cf.parse(fs, args[1:], o)
 	if err != nil {
 		return err
 	}
