@@ -17,6 +17,8 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
+
+	"github.com/spacesandbox/space/client"
 )
 
 // consoleLogin opens the console and logs in with token.
@@ -201,6 +203,83 @@ func TestConsole(t *testing.T) {
 		t.Fatal("the terminal shows no output after the wake")
 	}
 	b.shot("sandbox-woken")
+
+	// A process started through the API, seen and killed on the page.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sess, err := s.client().CreateCommand(ctx, sbx, client.CommandRequest{Command: []string{"sleep", "600"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan *client.Event, 1)
+	go func() {
+		last, _ := s.client().Attach(ctx, sess, "", 3, func(client.Event) error { return nil })
+		ended <- last
+	}()
+	proc := `document.querySelector('#processes tr[data-process="` + sess.ProcessID + `"]')`
+	waitFor(t, "the process on the page", func() bool {
+		b.do("refresh the processes", 10*time.Second, chromedp.Click(chromedp.CSS("#procs-refresh")))
+		time.Sleep(300 * time.Millisecond)
+		return b.eval(proc+`?.dataset.state || ''`) == "running"
+	})
+	b.do("kill it", 10*time.Second, chromedp.Click(chromedp.CSS(`#processes tr[data-process="`+sess.ProcessID+`"] button[data-signal="SIGKILL"]`)))
+	select {
+	case last := <-ended:
+		if last == nil || last.Name != "process_exited" || last.Signal != "SIGKILL" {
+			t.Fatalf("the process killed from the console ended with %+v", last)
+		}
+	case <-ctx.Done():
+		t.Fatal("the process killed from the console runs on")
+	}
+	waitFor(t, "the process gone from the running ones", func() bool {
+		b.do("refresh the processes", 10*time.Second, chromedp.Click(chromedp.CSS("#procs-refresh")))
+		time.Sleep(300 * time.Millisecond)
+		return b.eval(proc+`?.dataset.state || 'gone'`) == "gone"
+	})
+
+	// Fork ×2 and a snapshot from the sandbox's page; a sandbox started
+	// from the snapshot on the snapshots page; the snapshot deleted there.
+	b.eval(`(() => { document.getElementById('fork-count').value = '2'; return ''; })()`)
+	b.do("fork", 10*time.Second, chromedp.Click(chromedp.CSS("#do-fork")))
+	b.waitFor("the fork's progress", `document.getElementById('op-progress').dataset.state === 'succeeded' && document.querySelectorAll('#op-progress a[data-fork]').length === 2`, 90*time.Second)
+	var copies []string
+	if err := json.Unmarshal([]byte(b.eval(`JSON.stringify([...document.querySelectorAll('#op-progress a[data-fork]')].map((a) => a.dataset.fork))`)), &copies); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range copies {
+		if sb, err := s.client().GetSandbox(context.Background(), c); err != nil || sb.State != "running" || sb.ForkOf != sbx {
+			t.Fatalf("fork %s from the console: %+v %v", c, sb, err)
+		}
+	}
+	b.shot("sandbox-forked")
+	b.eval(`(() => { document.getElementById('snapshot-name').value = 'console-snap'; return ''; })()`)
+	b.do("snapshot", 10*time.Second, chromedp.Click(chromedp.CSS("#do-snapshot")))
+	b.waitFor("the snapshot's progress", `document.getElementById('op-progress').dataset.state === 'succeeded' && document.querySelector('#op-progress a[data-snapshot]') !== null`, 90*time.Second)
+	snapID := b.eval(`document.querySelector('#op-progress a[data-snapshot]').dataset.snapshot`)
+	b.do("snapshots page", 10*time.Second, chromedp.Click(chromedp.CSS(`#op-progress a[data-snapshot]`)))
+	b.waitPage("snapshots", 15*time.Second)
+	row := `document.querySelector('#snapshots-table tr[data-snapshot="` + snapID + `"]')`
+	b.waitFor("the snapshot listed, ready", row+`?.dataset.state === 'ready' && `+row+`.dataset.name === 'console-snap'`, 20*time.Second)
+	b.shot("snapshots")
+	b.labelled("snapshots")
+	b.do("new sandbox from the snapshot", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-start="`+snapID+`"]`)))
+	b.waitPage("sandbox", 20*time.Second)
+	fromSnap := b.eval(`document.getElementById('sandbox-state').closest('.page-head').querySelector('h1').textContent`)
+	b.waitFor("the sandbox from the snapshot running", `document.getElementById('sandbox-state')?.dataset.state === 'running'`, 90*time.Second)
+	if out, _ := s.sh(fromSnap, "cat /root/console-upload.bin | wc -c"); strings.TrimSpace(out) != strconv.Itoa(len(payload)) {
+		t.Fatalf("the sandbox started from the console's snapshot lacks the uploaded file: %q", out)
+	}
+	b.do("snapshots page again", 10*time.Second, chromedp.Navigate(base+"/console/#/snapshots"))
+	b.waitPage("snapshots", 15*time.Second)
+	b.do("delete the snapshot", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-delete="`+snapID+`"]`)))
+	b.waitFor("the confirmation", `document.getElementById('confirm').open`, 5*time.Second)
+	b.do("confirm", 10*time.Second, chromedp.Click(chromedp.CSS("#confirm-ok")))
+	b.waitFor("the snapshot gone from the list", row+` === null`, 20*time.Second)
+	if _, err := s.client().GetSnapshot(context.Background(), snapID); !client.IsCode(err, "not_found") {
+		t.Fatalf("the snapshot deleted in the console: %v", err)
+	}
+	b.do("back to the sandbox", 10*time.Second, chromedp.Navigate(base+"/console/#/sandboxes/"+sbx))
+	b.waitPage("sandbox", 15*time.Second)
 
 	// The other pages.
 	for _, p := range []struct{ hash, ready string }{{"#/operations", "operations"}, {"#/", "overview"}, {"#/templates", "templates"}} {

@@ -8,12 +8,14 @@ import { sandboxes } from './pages/sandboxes.js';
 import { sandboxPage } from './pages/sandbox.js';
 import { operations } from './pages/operations.js';
 import { templates } from './pages/templates.js';
+import { snapshots } from './pages/snapshots.js';
 
 const routes = [
   [/^#?\/?$/, overview, 'Overview'],
   [/^#\/sandboxes$/, sandboxes, 'Sandboxes'],
   [/^#\/sandboxes\/(sbx_[a-z2-7]{26})$/, sandboxPage, 'Sandbox'],
   [/^#\/operations$/, operations, 'Operations'],
+  [/^#\/snapshots$/, snapshots, 'Snapshots'],
   [/^#\/templates$/, templates, 'Templates'],
 ];
 

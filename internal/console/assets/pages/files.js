@@ -1,5 +1,6 @@
 // A sandbox's files: browse directories, download a file, upload into the
-// directory shown. Bytes go through the files API unchanged.
+// directory shown. Bytes go through the files API unchanged. The listing
+// shows while the sandbox runs.
 import { api } from '../api.js';
 import { h, clear, bytes, time, toast, announce, table, confirmDialog } from '../ui.js';
 import { canWrite } from './sandboxes.js';
@@ -84,6 +85,16 @@ export function filesPanel(id, signal) {
       h('label', { for: 'files-path' }, 'Directory'), pathInput, h('button', { type: 'submit' }, 'Open'),
       h('label', { for: 'files-upload', class: 'upload' }, 'Upload'), upload),
     listing);
-  load(dir);
-  return el;
+  // show follows the sandbox's state: only a running sandbox answers file
+  // calls, so the listing loads when it runs (again after a wake).
+  let shown = false;
+  function show(state) {
+    if (state === 'running') {
+      if (!shown) { shown = true; load(dir); }
+      return;
+    }
+    shown = false;
+    clear(listing, h('p', { class: 'muted' }, `Files show while the sandbox runs (it is ${state}).`));
+  }
+  return { el, show };
 }
