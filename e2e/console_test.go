@@ -271,6 +271,23 @@ func TestConsole(t *testing.T) {
 	}
 	b.do("snapshots page again", 10*time.Second, chromedp.Navigate(base+"/console/#/snapshots"))
 	b.waitPage("snapshots", 15*time.Second)
+	// Tagged as a template, it is what a create of that name starts from,
+	// and it cannot be deleted until untagged.
+	b.eval(`(() => { document.getElementById('tag-snapshot').value = ` + jsonText(snapID) + `; document.getElementById('tag-ref').value = 'console-warm:v1'; return ''; })()`)
+	b.do("tag it", 10*time.Second, chromedp.Click(chromedp.CSS("#tag-do")))
+	b.waitFor("the tag shown", `document.querySelector('button[data-untag="`+snapID+`"]') !== null`, 20*time.Second)
+	fromTag, _, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{Template: "console-warm:v1"}, "")
+	if err != nil || fromTag.Sandbox.Snapshot != snapID {
+		t.Fatalf("create of the tag set in the console: %+v %v", fromTag, err)
+	}
+	b.expectRefusal("/v1/snapshots/" + snapID)
+	b.do("delete the tagged snapshot", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-delete="`+snapID+`"]`)))
+	b.waitFor("the confirmation", `document.getElementById('confirm').open`, 5*time.Second)
+	b.do("confirm", 10*time.Second, chromedp.Click(chromedp.CSS("#confirm-ok")))
+	b.waitFor("the refusal shown", `[...document.querySelectorAll('#toasts .error')].some((x) => x.textContent.includes('`+snapID+`'))`, 10*time.Second)
+	b.shot("snapshots-tagged")
+	b.do("untag it", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-untag="`+snapID+`"]`)))
+	b.waitFor("the tag gone", `document.querySelector('button[data-untag="`+snapID+`"]') === null && `+row+` !== null`, 20*time.Second)
 	b.do("delete the snapshot", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-delete="`+snapID+`"]`)))
 	b.waitFor("the confirmation", `document.getElementById('confirm').open`, 5*time.Second)
 	b.do("confirm", 10*time.Second, chromedp.Click(chromedp.CSS("#confirm-ok")))

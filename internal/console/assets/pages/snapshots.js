@@ -33,6 +33,36 @@ export async function snapshots(main, _params, signal) {
     }
   }
 
+  async function untag(snap) {
+    try {
+      await api('POST', `/v1/snapshots/${snap.id}:untag`, { body: {} });
+      toast(`${snap.tag} no longer starts from ${snap.id}`);
+      announce(`Untagged ${snap.id}`);
+      await load();
+    } catch (e) {
+      toast(`Untag ${snap.id}: ${e.message}`, 'error');
+    }
+  }
+
+  // Tag: a ready snapshot as a template name, so creates (and warm pools)
+  // of that name start from it.
+  const tagSnap = h('select', { id: 'tag-snapshot', 'aria-label': 'Snapshot to tag' });
+  const tagRef = h('input', { type: 'text', id: 'tag-ref', placeholder: 'name:tag', spellcheck: 'false', 'aria-label': 'Template name to tag it as' });
+  const tagBtn = h('button', { type: 'submit', id: 'tag-do', disabled: !canWrite() }, 'Tag as template');
+  const tagForm = h('form', { class: 'inline', onsubmit: async (e) => {
+    e.preventDefault();
+    if (!tagSnap.value || !tagRef.value.trim()) return;
+    try {
+      const snap = await api('POST', `/v1/snapshots/${tagSnap.value}:tag`, { body: { template: tagRef.value.trim() } });
+      toast(`${snap.tag} starts from ${snap.id}`);
+      announce(`Tagged ${snap.id} as ${snap.tag}`);
+      tagRef.value = '';
+      await load();
+    } catch (err) {
+      toast(`Tag ${tagSnap.value}: ${err.message}`, 'error');
+    }
+  } }, h('label', { for: 'tag-snapshot' }, 'Snapshot'), tagSnap, h('label', { for: 'tag-ref' }, 'as template'), tagRef, tagBtn);
+
   function row(snap) {
     const ready = snap.state === 'ready';
     return h('tr', { dataset: { snapshot: snap.id, name: snap.name || '', state: snap.state } },
@@ -41,10 +71,10 @@ export async function snapshots(main, _params, signal) {
       h('td', {}, stateBadge(snap.state)),
       h('td', { class: 'mono small' }, h('a', { href: `#/sandboxes/${snap.sandbox_id}` }, snap.sandbox_id)),
       h('td', {}, `${snap.template?.ref || ''} (${snap.runtime})`),
-      h('td', {}, snap.tag || '—'),
+      h('td', { class: 'wrap' }, snap.tag ? [h('span', { class: 'mono' }, snap.tag), ' ', h('button', { type: 'button', class: 'link', disabled: !canWrite(), dataset: { untag: snap.id }, onclick: () => untag(snap) }, 'untag')] : '—'),
       h('td', { class: 'num' }, ready ? bytes(snap.size_bytes) : '—'),
       h('td', { title: time(snap.created_at) }, `${ago(snap.created_at)} ago`),
-      h('td', {},
+      h('td', { class: 'wrap' },
         h('button', { type: 'button', class: 'link', disabled: !ready || !canWrite(), dataset: { start: snap.id }, onclick: () => start(snap) }, 'New sandbox'), ' ',
         h('button', { type: 'button', class: 'link danger', disabled: snap.state === 'creating' || !canWrite(), dataset: { delete: snap.id }, onclick: () => remove(snap) }, 'Delete')));
   }
@@ -53,13 +83,15 @@ export async function snapshots(main, _params, signal) {
     const items = [];
     await pages('/v1/snapshots', {}, (page) => items.push(...page), { signal });
     body.replaceChildren(...items.map(row));
+    const picked = tagSnap.value;
+    tagSnap.replaceChildren(...items.filter((x) => x.state === 'ready').map((x) => h('option', { value: x.id, selected: x.id === picked }, x.name ? `${x.name} (${x.id})` : x.id)));
     count.textContent = `${items.length} snapshot${items.length === 1 ? '' : 's'}`;
   }
 
   clear(main,
     h('div', { class: 'page-head' }, h('h1', {}, 'Snapshots'), count),
-    h('p', { class: 'help' }, 'Take one from a sandbox\'s page. A sandbox started from a snapshot has its memory, processes and files; tag one as a template with ',
-      h('code', {}, 'space template tag --from-snapshot'), '.'),
+    h('p', { class: 'help' }, 'Take one from a sandbox\'s page. A sandbox started from a snapshot has its memory, processes and files. Tagged as a template, a snapshot starts every create of that name (warm pools too); a tagged snapshot is deleted only once untagged.'),
+    tagForm,
     h('div', { class: 'hscroll' }, table('Snapshots', ['ID', 'Name', 'State', 'Sandbox', 'Template (runtime)', 'Tag', 'Size', 'Taken', ''], [], { id: 'snapshots-table' })));
   main.querySelector('#snapshots-table tbody').replaceWith(body);
 
