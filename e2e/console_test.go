@@ -336,6 +336,12 @@ func TestConsole(t *testing.T) {
 	}
 	b.do("log out", 10*time.Second, chromedp.Click(chromedp.CSS("#logout")))
 	consoleLogin(b, base, made.Value)
+	// A member may snapshot but not tag: the page says so.
+	b.do("snapshots page as member", 10*time.Second, chromedp.Navigate(base+"/console/#/snapshots"))
+	b.waitPage("snapshots", 15*time.Second)
+	if got := b.eval(`document.getElementById('tag-do').disabled && document.getElementById('tag-help') !== null ? 'ok' : 'enabled'`); got != "ok" {
+		t.Fatal("a member's snapshots page offers tagging, which needs an admin")
+	}
 	b.do("sandbox page as member", 10*time.Second, chromedp.Navigate(base+"/console/#/sandboxes/"+sbx))
 	b.waitPage("sandbox", 15*time.Second)
 	if r := s.do("DELETE", "/v1/tokens/"+made.Token.ID, s.token, nil); r.status != 200 && r.status != 204 {

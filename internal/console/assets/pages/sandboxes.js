@@ -25,6 +25,11 @@ export function canWrite() {
   return session.me && session.me.role !== 'read-only';
 }
 
+// canAdmin: templates, warm pools and snapshot tags need admin or owner.
+export function canAdmin() {
+  return session.me && (session.me.role === 'admin' || session.me.role === 'owner');
+}
+
 export async function sandboxes(main, _params, signal) {
   let rows = [], next = '', loading = false, stateFilter = '', textFilter = '';
   let gen = 0; // bumped by reload: a page read for an older filter is dropped

@@ -3,7 +3,7 @@
 // when a snapshot operation ends.
 import { api, watch, pages } from '../api.js';
 import { h, clear, bytes, time, ago, toast, announce, table, confirmDialog, stateBadge } from '../ui.js';
-import { canWrite } from './sandboxes.js';
+import { canWrite, canAdmin } from './sandboxes.js';
 
 export async function snapshots(main, _params, signal) {
   const body = h('tbody', { id: 'snapshots-body' });
@@ -48,7 +48,7 @@ export async function snapshots(main, _params, signal) {
   // of that name start from it.
   const tagSnap = h('select', { id: 'tag-snapshot', 'aria-label': 'Snapshot to tag' });
   const tagRef = h('input', { type: 'text', id: 'tag-ref', placeholder: 'name:tag', spellcheck: 'false', 'aria-label': 'Template name to tag it as' });
-  const tagBtn = h('button', { type: 'submit', id: 'tag-do', disabled: !canWrite() }, 'Tag as template');
+  const tagBtn = h('button', { type: 'submit', id: 'tag-do', disabled: !canAdmin() }, 'Tag as template');
   const tagForm = h('form', { class: 'inline', onsubmit: async (e) => {
     e.preventDefault();
     if (!tagSnap.value || !tagRef.value.trim()) return;
@@ -61,7 +61,8 @@ export async function snapshots(main, _params, signal) {
     } catch (err) {
       toast(`Tag ${tagSnap.value}: ${err.message}`, 'error');
     }
-  } }, h('label', { for: 'tag-snapshot' }, 'Snapshot'), tagSnap, h('label', { for: 'tag-ref' }, 'as template'), tagRef, tagBtn);
+  } }, h('label', { for: 'tag-snapshot' }, 'Snapshot'), tagSnap, h('label', { for: 'tag-ref' }, 'as template'), tagRef, tagBtn,
+    canAdmin() ? null : h('span', { class: 'muted', id: 'tag-help' }, 'Tagging needs an admin token.'));
 
   function row(snap) {
     const ready = snap.state === 'ready';
@@ -71,7 +72,7 @@ export async function snapshots(main, _params, signal) {
       h('td', {}, stateBadge(snap.state)),
       h('td', { class: 'mono small' }, h('a', { href: `#/sandboxes/${snap.sandbox_id}` }, snap.sandbox_id)),
       h('td', {}, `${snap.template?.ref || ''} (${snap.runtime})`),
-      h('td', { class: 'wrap' }, snap.tag ? [h('span', { class: 'mono' }, snap.tag), ' ', h('button', { type: 'button', class: 'link', disabled: !canWrite(), dataset: { untag: snap.id }, onclick: () => untag(snap) }, 'untag')] : '—'),
+      h('td', { class: 'wrap' }, snap.tag ? [h('span', { class: 'mono' }, snap.tag), ' ', h('button', { type: 'button', class: 'link', disabled: !canAdmin(), dataset: { untag: snap.id }, onclick: () => untag(snap) }, 'untag')] : '—'),
       h('td', { class: 'num' }, ready ? bytes(snap.size_bytes) : '—'),
       h('td', { title: time(snap.created_at) }, `${ago(snap.created_at)} ago`),
       h('td', { class: 'wrap' },

@@ -2,7 +2,7 @@
 // admins.
 import { api } from '../api.js';
 import { h, clear, bytes, time, toast, announce, table } from '../ui.js';
-import { session } from '../app.js';
+import { canAdmin } from './sandboxes.js';
 
 export async function templates(main, _params, signal) {
   // follow shows a pool filling or draining until it holds min_ready.
@@ -19,7 +19,7 @@ export async function templates(main, _params, signal) {
       cell.dataset.ready = String(pool.ready);
     }
   };
-  const admin = session.me && (session.me.role === 'admin' || session.me.role === 'owner');
+  const admin = canAdmin();
   const list = await api('GET', '/v1/templates', { signal });
   const items = list.items || [];
   const pools = await Promise.all(items.map((t) => api('GET', `/v1/warm-pools/${encodeURIComponent(t.name)}:${encodeURIComponent(t.tag)}`, { signal }).catch(() => null)));
