@@ -591,6 +591,25 @@ func testCLIExecAndFiles(t *testing.T, rt string) {
 		t.Fatalf("files stat after rm -r: %d %q", code, errOut)
 	}
 
+	// The API's templates, from a machine without the data directory (the
+	// FAKE runtime's server has none to list).
+	if rt != "fake" {
+		var list []client.Template
+		if out, errOut, code := s.runCLI("template", "list", "--remote", "--json"); code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) == 0 || !strings.HasPrefix(list[0].Digest, "sha256:") {
+			t.Fatalf("template list --remote: %d %q %q", code, out, errOut)
+		}
+		if out, _, _ := s.runCLI("template", "list", "--remote"); !strings.Contains(out, list[0].Ref()) {
+			t.Fatalf("template list --remote's table: %q", out)
+		}
+		var tpl client.Template
+		if out, errOut, code := s.runCLI("template", "inspect", "--remote", list[0].Ref()); code != 0 || json.Unmarshal([]byte(out), &tpl) != nil || tpl.Digest != list[0].Digest {
+			t.Fatalf("template inspect --remote: %d %q %q", code, out, errOut)
+		}
+		if _, errOut, code := s.runCLI("template", "list", "--remote", "--token", "space_wrong"); code != 1 || !strings.Contains(errOut, "unauthenticated") {
+			t.Fatalf("template list --remote with a wrong token: %d %q", code, errOut)
+		}
+	}
+
 	// A running process, seen and killed with `space process`.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -61,6 +61,7 @@ Server:
                                       (create --name N [--project P --role owner|admin|member|read-only --expires 30d --rate R --burst B --e2b])
   space project create|list|rm|quota|usage NAME   manage projects (quota --sandboxes N --running N --vcpus N --memory-mib N …)
   space template build|list|inspect|tag|rm|gc   manage templates in the data directory
+                                      (list|inspect --remote: the API's templates, from any machine)
 
 Client (SPACE_API_URL, SPACE_API_TOKEN or --api-url, --token):
   space sandbox create|list|get|metrics|pause|suspend|wake|fork|delete

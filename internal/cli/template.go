@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -23,12 +24,17 @@ import (
 // `space token`: space template build|list|inspect|tag|rm|gc.
 func templateCmd(ctx context.Context, args []string, o Options) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: space template build test|seed | list | inspect NAME:TAG | tag NAME:TAG NEW:TAG | tag --from-snapshot SNAPSHOT NEW:TAG | rm NAME:TAG | gc", errUsage)
+		return fmt.Errorf("%w: space template build test|seed | list [--remote] | inspect [--remote] NAME:TAG | tag NAME:TAG NEW:TAG | tag --from-snapshot SNAPSHOT NEW:TAG | rm NAME:TAG | gc", errUsage)
 	}
 	if args[0] == "tag" && slices.ContainsFunc(args[1:], func(a string) bool {
 		return strings.HasPrefix(a, "--from-snapshot") || strings.HasPrefix(a, "-from-snapshot")
 	}) {
 		return tagFromSnapshot(ctx, args[1:], o)
+	}
+	if (args[0] == "list" || args[0] == "ls" || args[0] == "inspect") && slices.ContainsFunc(args[1:], func(a string) bool {
+		return a == "--remote" || a == "-remote" || a == "--remote=true" || a == "-remote=true"
+	}) {
+		return remoteTemplates(ctx, args, o)
 	}
 	fs := flag.NewFlagSet("space template", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", envOr("SPACE_DATA_DIR", "/var/lib/space"), "data directory (env SPACE_DATA_DIR)")
@@ -96,12 +102,11 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 		if *asJSON {
 			return printJSON(o.Stdout, list)
 		}
-		tw := tabwriter.NewWriter(o.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TEMPLATE\tDIGEST\tSIZE\tCREATED")
-		for _, t := range list {
-			fmt.Fprintf(tw, "%s\t%s\t%d MiB\t%s\n", t.Ref(), t.Digest[:19], t.SizeBytes>>20, t.CreatedAt.Format(time.RFC3339))
+		rows := make([]templateRow, len(list))
+		for i, t := range list {
+			rows[i] = templateRow{t.Ref(), t.Digest, t.SizeBytes, t.CreatedAt}
 		}
-		return tw.Flush()
+		return printTemplates(o.Stdout, rows)
 	case "inspect":
 		if len(pos) != 1 {
 			return fmt.Errorf("%w: space template inspect NAME:TAG", errUsage)
@@ -147,6 +152,55 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	return fmt.Errorf("%w: unknown template command %q", errUsage, args[0])
+}
+
+type templateRow struct {
+	ref, digest string
+	size        int64
+	created     time.Time
+}
+
+func printTemplates(w io.Writer, rows []templateRow) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TEMPLATE\tDIGEST\tSIZE\tCREATED")
+	for _, t := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d MiB\t%s\n", t.ref, t.digest[:min(19, len(t.digest))], t.size>>20, t.created.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+// remoteTemplates is `space template list|inspect --remote`: the templates
+// the server's API offers the token's project, for a client that is not on
+// the server's host.
+func remoteTemplates(ctx context.Context, args []string, o Options) error {
+	fs, cf := clientFlagSet("space template " + args[0])
+	fs.Bool("remote", true, "through the server's API (--api-url, --token) instead of the data directory")
+	pos, c, err := cf.parse(fs, args[1:], o)
+	if err != nil {
+		return err
+	}
+	if args[0] == "inspect" {
+		if len(pos) != 1 {
+			return fmt.Errorf("%w: space template inspect --remote NAME:TAG", errUsage)
+		}
+		t, err := c.GetTemplate(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		return printJSON(o.Stdout, t)
+	}
+	list, err := c.ListTemplates(ctx)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(o.Stdout, list)
+	}
+	rows := make([]templateRow, len(list))
+	for i, t := range list {
+		rows[i] = templateRow{t.Ref(), t.Digest, t.SizeBytes, t.CreatedAt}
+	}
+	return printTemplates(o.Stdout, rows)
 }
 
 // templatesInUse reports the template digests the server's sandboxes and
