@@ -81,6 +81,14 @@ func NewIdempotencyKey() string {
 	return hex.EncodeToString(b[:])
 }
 
+// url is path (under the client's base URL) with query q.
+func (c *Client) url(path string, q url.Values) string {
+	u := *c.base
+	u.Path = c.base.Path + path
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // Do sends one request. body is JSON-encoded when non-nil; out receives the
 // decoded JSON response. key is the Idempotency-Key ("" on a mutation makes
 // one up). Non-2xx answers are returned as *Error.
@@ -96,9 +104,7 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, key 
 	if mutating && key == "" {
 		key = NewIdempotencyKey()
 	}
-	u := *c.base
-	u.Path = c.base.Path + path
-	u.RawQuery = q.Encode()
+	u := c.url(path, q)
 	attempts := 1
 	if mutating {
 		attempts += c.Retries
@@ -112,7 +118,7 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, key 
 			case <-time.After(time.Duration(100*(1<<i)) * time.Millisecond):
 			}
 		}
-		resp, err := c.once(ctx, method, u.String(), key, payload, out)
+		resp, err := c.once(ctx, method, u, key, payload, out)
 		if err == nil {
 			return resp, nil
 		}

@@ -333,10 +333,7 @@ type Entry struct {
 }
 
 func (c *Client) filesURL(sandboxID, suffix string, q url.Values) string {
-	u := *c.base
-	u.Path = c.base.Path + "/v1/sandboxes/" + url.PathEscape(sandboxID) + "/files" + suffix
-	u.RawQuery = q.Encode()
-	return u.String()
+	return c.url("/v1/sandboxes/"+url.PathEscape(sandboxID)+"/files"+suffix, q)
 }
 
 // rawRequest sends body as it is (of contentType) and returns the answer

@@ -81,10 +81,7 @@ func (c *Client) BuildTemplate(ctx context.Context, spec TemplateSpec, key strin
 // `skopeo copy … oci-archive:` write) as template name:tag (an admin
 // token); the operation (kind "build") ends when it is ready.
 func (c *Client) ImportTemplate(ctx context.Context, name, tag string, archive io.Reader) (*Operation, error) {
-	u := *c.base
-	u.Path = c.base.Path + "/v1/templates"
-	u.RawQuery = url.Values{"name": {name}, "tag": {tag}}.Encode()
-	resp, err := c.rawRequest(ctx, http.MethodPost, u.String(), "application/x-tar", archive)
+	resp, err := c.rawRequest(ctx, http.MethodPost, c.url("/v1/templates", url.Values{"name": {name}, "tag": {tag}}), "application/x-tar", archive)
 	if err != nil {
 		return nil, err
 	}
