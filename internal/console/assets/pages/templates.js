@@ -4,6 +4,13 @@ import { api } from '../api.js';
 import { h, clear, bytes, time, toast, announce, table } from '../ui.js';
 import { canAdmin } from './sandboxes.js';
 
+// showPool writes a pool's counts into its cell (dataset.ready for tests
+// and scripts, the text for people), from whichever answer is newest.
+function showPool(cell, pool) {
+  cell.textContent = `${pool.ready} ready, ${pool.starting} starting`;
+  cell.dataset.ready = String(pool.ready);
+}
+
 export async function templates(main, _params, signal) {
   // follow shows a pool filling or draining until it holds min_ready.
   const follow = async (ref, cell, pool) => {
@@ -15,8 +22,7 @@ export async function templates(main, _params, signal) {
       } catch {
         return;
       }
-      cell.textContent = `${pool.ready} ready, ${pool.starting} starting`;
-      cell.dataset.ready = String(pool.ready);
+      showPool(cell, pool);
     }
   };
   const admin = canAdmin();
@@ -31,7 +37,7 @@ export async function templates(main, _params, signal) {
     const save = h('button', { type: 'button', disabled: !admin, onclick: async () => {
       try {
         const np = await api('PUT', `/v1/warm-pools/${encodeURIComponent(t.name)}:${encodeURIComponent(t.tag)}`, { body: { min_ready: Number(input.value) } });
-        readyCell.textContent = `${np.ready} ready, ${np.starting} starting`;
+        showPool(readyCell, np);
         toast(`Warm pool of ${ref}: ${np.min_ready}`);
         announce(`Warm pool of ${ref} set to ${np.min_ready}`);
         follow(ref, readyCell, np);
