@@ -394,6 +394,7 @@ func TestGVisorWarmPool(t *testing.T) {
 	expectError(t, s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{"min_ready":1000}`)), 400, "invalid_argument")
 	expectError(t, s.do("PUT", "/v1/warm-pools/test:latest", s.token, []byte(`{}`)), 400, "invalid_argument")
 	expectError(t, s.do("PUT", "/v1/warm-pools/nope:latest", s.token, []byte(`{"min_ready":1}`)), 404, "not_found")
+	expectError(t, s.do("GET", "/v1/warm-pools/nope:latest", s.token, nil), 404, "not_found")
 	s.waitPool(t, "test:latest", `"ready":3`, 60*time.Second)
 	if r := s.do("GET", "/v1/sandboxes", s.token, nil); !bytes.Contains(r.body, []byte(`"items":[]`)) {
 		t.Fatalf("pool sandboxes are listed: %s", r.body)

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,7 +79,13 @@ func (e *Engine) SetWarmPool(ctx context.Context, project, template string, minR
 		return WarmPool{}, errdefs.New(errdefs.InvalidArgument, "min_ready must be between 0 and %d", MaxWarmPool)
 	}
 	if _, err := e.poolOf(ctx, project, template); err != nil {
-		return WarmPool{}, err
+		// A pool whose template is gone can still be stopped.
+		if !errors.Is(err, errdefs.NotFound) || minReady != 0 {
+			return WarmPool{}, err
+		}
+		if _, set, perr := e.poolSetting(ctx, project, template); perr != nil || !set {
+			return WarmPool{}, cmp.Or(perr, err)
+		}
 	}
 	if err := e.store.SetWarmPool(ctx, store.PoolRef{Project: store.ProjectOr(project), Template: template}, minReady); err != nil {
 		return WarmPool{}, err
@@ -112,13 +119,26 @@ type WarmPool struct {
 	Starting int    `json:"starting"`
 }
 
-// WarmPool reports project's pool of a template.
-func (e *Engine) WarmPool(ctx context.Context, project, template string) (WarmPool, error) {
+// poolSetting is project's pool size for template and whether one is set
+// (through the API, or the server's default).
+func (e *Engine) poolSetting(ctx context.Context, project, template string) (int, bool, error) {
 	pools, err := e.warmPools(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	n, set := pools[store.PoolRef{Project: store.ProjectOr(project), Template: template}]
+	return n, set, nil
+}
+
+// WarmPool reports project's pool of a template: NotFound for a template
+// that neither exists nor has a pool set (one whose template is gone is
+// reported, so that it can be seen and stopped).
+func (e *Engine) WarmPool(ctx context.Context, project, template string) (WarmPool, error) {
+	n, set, err := e.poolSetting(ctx, project, template)
 	if err != nil {
 		return WarmPool{}, err
 	}
-	wp := WarmPool{Template: template, MinReady: pools[store.PoolRef{Project: store.ProjectOr(project), Template: template}]}
+	wp := WarmPool{Template: template, MinReady: n}
 	if p, err := e.poolOf(ctx, project, template); err == nil {
 		sbs, err := e.store.PoolSandboxes(ctx, p.key)
 		if err != nil {
@@ -132,8 +152,8 @@ func (e *Engine) WarmPool(ctx context.Context, project, template string) (WarmPo
 				wp.Starting++
 			}
 		}
-	} else if !errors.Is(err, errdefs.NotFound) {
-		return wp, err
+	} else if !errors.Is(err, errdefs.NotFound) || !set {
+		return WarmPool{}, err
 	}
 	return wp, nil
 }

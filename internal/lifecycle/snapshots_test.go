@@ -228,6 +228,23 @@ func testSnapshotAsTemplate(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The pool of the gone template is still reported, can be stopped but
+	// not grown; a template that neither exists nor has a pool is not found.
+	if wp, err := w.eng.WarmPool(ctx, "", "missingwarm"); err != nil || wp.MinReady != 2 || wp.Ready != 0 {
+		t.Fatalf("pool of a gone template = %+v, %v", wp, err)
+	}
+	if _, err := w.eng.SetWarmPool(ctx, "", "missingwarm", 3); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("grow the pool of a gone template: %v", err)
+	}
+	if wp, err := w.eng.SetWarmPool(ctx, "", "missingwarm", 0); err != nil || wp.MinReady != 0 {
+		t.Fatalf("stop the pool of a gone template = %+v, %v", wp, err)
+	}
+	if _, err := w.eng.WarmPool(ctx, "", "missingother:v1"); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("pool of a template that does not exist: %v", err)
+	}
+	if _, err := w.eng.SetWarmPool(ctx, "", "missingother:v1", 0); !errors.Is(err, errdefs.NotFound) {
+		t.Fatalf("stop the pool of a template that does not exist: %v", err)
+	}
 	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatal(err)
 	}
