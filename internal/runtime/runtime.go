@@ -41,7 +41,7 @@ type Spec struct {
 	Ephemeral bool
 	// TakeImage, set for CreateFrom, says the image is this sandbox's
 	// alone and goes once it runs (a fork's own save with one copy): a
-	// runtime that would copy the image's files may move them instead.
+	// runtime that would copy the image's files may use them in place.
 	TakeImage bool
 }
 

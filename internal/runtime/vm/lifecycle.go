@@ -331,6 +331,12 @@ func (r *Runtime) restore(ctx context.Context, spec runtime.Spec) error {
 // state in stateFile (RAM is the sandbox's RAM file), lets it run and waits
 // for the agent.
 func (r *Runtime) load(ctx context.Context, spec runtime.Spec, stateFile string) error {
+	return r.loadThen(ctx, spec, stateFile, nil)
+}
+
+// loadThen is load calling beforeRun (when set) once the device state is
+// in, before the guest runs and so changes its RAM file and disk.
+func (r *Runtime) loadThen(ctx context.Context, spec runtime.Spec, stateFile string, beforeRun func() error) error {
 	id := spec.SandboxID
 	if _, err := r.endpoint(id); err != nil {
 		return err
@@ -345,6 +351,11 @@ func (r *Runtime) load(ctx context.Context, spec runtime.Spec, stateFile string)
 	}
 	if err := q.waitMigration(ctx); err != nil {
 		return err
+	}
+	if beforeRun != nil {
+		if err := beforeRun(); err != nil {
+			return err
+		}
 	}
 	t0 := time.Now()
 	if _, err := q.execute(ctx, "cont", nil); err != nil {

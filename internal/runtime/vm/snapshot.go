@@ -277,14 +277,31 @@ func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string)
 		r.watch(spec)
 		return nil
 	}
+	// A taken image is run in place: once its guest ran, it is no longer
+	// the save. ran marks that instant, so that a retry after a crash (one
+	// whose VM did not survive to be adopted above) refuses it rather than
+	// start from RAM and disk that moved on from the device state.
+	var beforeRun func() error
+	if spec.TakeImage {
+		ran := filepath.Join(dir, "ran-"+id)
+		if _, err := os.Stat(ran); err == nil {
+			return fmt.Errorf("create %s from %s: an interrupted start already ran its image", id, dir)
+		}
+		beforeRun = func() error {
+			if err := os.WriteFile(ran, nil, 0o600); err != nil {
+				return err
+			}
+			return fsync(dir)
+		}
+	}
 	for _, f := range []struct{ from, to string }{{"mem", r.memPath(id)}, {"disk.qcow2", r.diskPath(id)}, {"agent.key", filepath.Join(r.sandboxDir(id), "agent.key")}} {
 		from := filepath.Join(dir, f.from)
 		if spec.TakeImage {
 			// The image is this copy's alone: its RAM file and disk are
-			// moved, not copied (the copy a fork of one would otherwise
-			// make twice). A retry after a crash that moved them finds
-			// them gone and fails: the fork fails, its source runs on.
-			err := os.Rename(from, f.to)
+			// linked, not copied (the copy a fork of one would otherwise
+			// make twice). Linked, not moved: a retry after a crash finds
+			// them where they were.
+			err := os.Link(from, f.to)
 			switch {
 			case err == nil, f.from == "agent.key" && errors.Is(err, os.ErrNotExist):
 				continue
@@ -302,7 +319,7 @@ func (r *Runtime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string)
 			return fmt.Errorf("copy %s: %w", f.from, err)
 		}
 	}
-	if err := r.load(ctx, spec, filepath.Join(dir, "vmstate")); err != nil {
+	if err := r.loadThen(ctx, spec, filepath.Join(dir, "vmstate"), beforeRun); err != nil {
 		return err
 	}
 	r.watch(spec)

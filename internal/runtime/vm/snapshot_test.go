@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,25 +24,10 @@ import (
 // listen again mid-save let the agent start a session the save caught
 // half-way: it then answered only after a minute.)
 func TestSnapshotWhileStreaming(t *testing.T) {
-	qemu := requireVM(t)
-	agent := runtimetest.BuildAgent(t)
-	store, tpl := runtimetest.TestTemplate(t)
-	dir := t.TempDir()
-	r, err := vm.New(context.Background(), vm.Config{QEMU: qemu, Kernel: filepath.Join(guestDir, "vmlinuz"),
-		Modules: filepath.Join(guestDir, "modules"), AgentBin: agent, Dir: dir, Templates: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r, dir, spec := startTestVM(t)
+	id := spec.SandboxID
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	id := ids.New(ids.Sandbox)
-	spec := runtime.Spec{SandboxID: id, Template: sandbox.TemplateRef{Ref: "test:latest", Digest: tpl.Digest},
-		Resources: sandbox.Resources{VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024}, SnapshotDir: filepath.Join(t.TempDir(), "s")}
-	defer r.Delete(context.Background(), spec)
-	if err := r.Create(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
 	c, _ := r.Agent(ctx, spec)
 	p, err := c.CreateProcess(ctx, proto.ProcessSpec{ID: "p1", Argv: []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done"}})
 	if err != nil {
@@ -82,4 +68,81 @@ func TestSnapshotWhileStreaming(t *testing.T) {
 		}
 	}
 	close(stop)
+}
+
+// startTestVM starts a runtime in a directory of its own (returned) and a
+// running VM of the test template (spec); both go when the test ends.
+func startTestVM(t *testing.T) (*vm.Runtime, string, runtime.Spec) {
+	t.Helper()
+	qemu := requireVM(t)
+	agent := runtimetest.BuildAgent(t)
+	store, tpl := runtimetest.TestTemplate(t)
+	dir := t.TempDir()
+	r, err := vm.New(context.Background(), vm.Config{QEMU: qemu, Kernel: filepath.Join(guestDir, "vmlinuz"),
+		Modules: filepath.Join(guestDir, "modules"), AgentBin: agent, Dir: dir, Templates: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	spec := runtime.Spec{SandboxID: ids.New(ids.Sandbox), Template: sandbox.TemplateRef{Ref: "test:latest", Digest: tpl.Digest},
+		Resources: sandbox.Resources{VCPUs: 1, MemoryMiB: 256, DiskMiB: 1024}, SnapshotDir: filepath.Join(t.TempDir(), "s")}
+	t.Cleanup(func() { r.Delete(context.Background(), spec) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := r.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	return r, dir, spec
+}
+
+// A fork's single copy runs its save's own files (TakeImage). A start that
+// a crash interrupted after it took them, before its guest ran, is done
+// again from them; once a guest ran them, starting from them again is
+// refused: RAM and disk have moved on from the saved device state.
+func TestTakenImageAfterACrash(t *testing.T) {
+	r, dir, src := startTestVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := r.Agent(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile(ctx, "/root/state.txt", 0o600, strings.NewReader("saved"), 0); err != nil {
+		t.Fatal(err)
+	}
+	save := filepath.Join(t.TempDir(), "save")
+	if err := r.Snapshot(ctx, src, save); err != nil {
+		t.Fatal(err)
+	}
+	cp := src
+	cp.SandboxID, cp.SnapshotDir, cp.TakeImage = ids.New(ids.Sandbox), filepath.Join(t.TempDir(), "s"), true
+	t.Cleanup(func() { r.Delete(context.Background(), cp) })
+	// What a first attempt leaves when the server dies after taking the
+	// files: the copy's directory with them linked in, no VM.
+	own := filepath.Join(dir, "sandboxes", cp.SandboxID)
+	if err := os.MkdirAll(own, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"mem", "disk.qcow2"} {
+		if err := os.Link(filepath.Join(save, f), filepath.Join(own, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.CreateFrom(ctx, cp, save); err != nil {
+		t.Fatalf("start again after a crash that took the image: %v", err)
+	}
+	cc, err := r.Agent(ctx, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := cc.ReadFile(ctx, "/root/state.txt", 0, 100); err != nil || string(b) != "saved" {
+		t.Fatalf("the copy reads %q, %v", b, err)
+	}
+	// Its VM dies (its directory and QEMU gone); the image it ran is spent.
+	if err := r.Delete(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CreateFrom(ctx, cp, save); err == nil || !strings.Contains(err.Error(), "already ran") {
+		t.Fatalf("start again from an image a guest ran: %v", err)
+	}
 }
