@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"testing/synctest"
@@ -451,4 +452,58 @@ func TestPauseRecordedRunningOnlyWhenSlow(t *testing.T) {
 			w.close()
 		}
 	})
+}
+
+// What a crash leaves in the snapshot directory after its owner ended — a
+// finished fork's save, a deleted snapshot's or sandbox's image, an
+// unfinished save (".tmp") whose operation is over — is removed at the next
+// start; the saves of live records and names it does not know are kept.
+func TestRestartSweepsSavesLeftByACrash(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorld(t, dir, fakeruntime.Config{})
+	ctx := context.Background()
+	src := create(t, w)
+	fop, _, err := w.eng.Fork(ctx, src.ID, 1, nil)
+	if err != nil || wait(t, w, fop.ID).State != sandbox.OpSucceeded {
+		t.Fatalf("fork: %v", err)
+	}
+	snap := func() string {
+		op, sn, err := w.eng.CreateSnapshot(ctx, src.ID, "", nil)
+		if err != nil || wait(t, w, op.ID).State != sandbox.OpSucceeded {
+			t.Fatalf("snapshot: %v", err)
+		}
+		return sn.ID
+	}
+	kept, gone := snap(), snap()
+	if err := w.eng.DeleteSnapshot(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	deleted := create(t, w)
+	dop, err := w.eng.Delete(ctx, deleted.ID, nil)
+	if err != nil || wait(t, w, dop.ID).State != sandbox.OpSucceeded {
+		t.Fatalf("delete: %v", err)
+	}
+	w.close()
+	root := filepath.Join(dir, "snapshots")
+	stale := []string{fop.ID, gone, deleted.ID, src.ID + ".tmp", kept + ".tmp", ids.New(ids.Operation)}
+	live := []string{kept, src.ID, "notes"}
+	for _, name := range append(append([]string{}, stale...), live...) {
+		if err := os.MkdirAll(filepath.Join(root, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, name, "mem"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newWorld(t, dir, fakeruntime.Config{})
+	for _, name := range stale {
+		if _, err := os.Stat(filepath.Join(root, name)); !os.IsNotExist(err) {
+			t.Errorf("%s: left after the restart (%v)", name, err)
+		}
+	}
+	for _, name := range live {
+		if _, err := os.Stat(filepath.Join(root, name, "mem")); err != nil {
+			t.Errorf("%s: removed: %v", name, err)
+		}
+	}
 }

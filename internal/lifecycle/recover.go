@@ -2,10 +2,15 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
@@ -33,6 +38,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		if ops, err = e.store.UnfinishedOperations(ctx, e.cfg.Node); err != nil {
 			return fmt.Errorf("list unfinished operations: %w", err)
 		}
+		e.sweepSnapshotRoot(ctx)
 	}
 	e.mu.Lock()
 	e.started = true
@@ -112,5 +118,51 @@ func (e *Engine) readopt(ctx context.Context, sb *sandbox.Sandbox) {
 	})
 	if err != nil {
 		log.Error("repair sandbox record", "err", err)
+	}
+}
+
+// sweepSnapshotRoot removes what a crash left in the snapshot directory
+// after the record that owned it ended: the save of a fork that finished,
+// the image of a deleted snapshot or sandbox, an unfinished save (".tmp")
+// whose operation is over. It runs before any operation resumes; anything
+// it cannot account for (an unknown name, a store error) is left alone.
+func (e *Engine) sweepSnapshotRoot(ctx context.Context) {
+	entries, err := os.ReadDir(e.cfg.SnapshotRoot)
+	if err != nil {
+		return
+	}
+	for _, ent := range entries {
+		id, suffix, _ := strings.Cut(ent.Name(), ".")
+		partial := suffix != ""
+		var stale bool
+		var err error
+		switch {
+		case ids.Valid(ids.Operation, id):
+			var op *sandbox.Operation
+			op, err = e.store.GetOperation(ctx, id)
+			stale = err == nil && op.State.Terminal()
+		case ids.Valid(ids.Snapshot, id):
+			var snap *sandbox.Snapshot
+			snap, err = e.store.GetSnapshot(ctx, id)
+			stale = err == nil && (snap.State == sandbox.SnapshotFailed || (partial && snap.State != sandbox.SnapshotCreating))
+		case ids.Valid(ids.Sandbox, id):
+			var sb *sandbox.Sandbox
+			sb, err = e.store.GetSandbox(ctx, id)
+			stale = err == nil && (sb.State == sandbox.Deleted || (partial && sb.ActiveOperation == ""))
+		default:
+			continue
+		}
+		if errors.Is(err, errdefs.NotFound) {
+			stale, err = true, nil
+		}
+		if err != nil || !stale {
+			continue
+		}
+		path := filepath.Join(e.cfg.SnapshotRoot, ent.Name())
+		if err := os.RemoveAll(path); err != nil {
+			e.log.Warn("remove a save left by a crash", "path", path, "err", err)
+			continue
+		}
+		e.log.Info("removed a save left by a crash", "path", path)
 	}
 }
