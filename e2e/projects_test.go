@@ -571,6 +571,11 @@ func TestProjects(t *testing.T) {
 	})
 
 	t.Run("Audit", func(t *testing.T) {
+		// A refusal stored under an Idempotency-Key, answered and then
+		// replayed, is recorded with the code the client got.
+		for range 2 {
+			expectError(t, s.do("POST", "/v1/sandboxes", a.member, []byte(`{"resources":{"vcpus":99}}`), "Idempotency-Key: audit-refused-1"), 400, "invalid_argument")
+		}
 		time.Sleep(300 * time.Millisecond) // entries are written in the background
 		var all []client.AuditEntry
 		q := "/v1/audit?limit=500"
@@ -598,6 +603,18 @@ func TestProjects(t *testing.T) {
 		if !has("POST /v1/sandboxes", "ok", a.memberID) || !has("POST /v1/sandboxes/{id}:pause", "permission_denied", a.readOnlyID) ||
 			!has("POST /v1/snapshots/{id}:tag", "ok", "") || !has("PUT /v1/sandboxes/{id}/files", "ok", a.memberID) {
 			t.Errorf("team-a's audit lacks entries: %+v", all)
+		}
+		refused := 0
+		for _, e := range all {
+			if e.Action == "POST /v1/sandboxes" && e.TokenID == a.memberID && e.Status == 400 {
+				if e.Outcome != "invalid_argument" {
+					t.Errorf("a keyed refusal is recorded as %q, not the code the client got", e.Outcome)
+				}
+				refused++
+			}
+		}
+		if refused != 2 {
+			t.Errorf("%d entries of the keyed refusal and its replay, want 2", refused)
 		}
 		for _, e := range all {
 			if e.Project != "team-a" {

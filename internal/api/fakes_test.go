@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -55,7 +54,5 @@ func (h *harness) call(srv http.Handler, method, path, body, token string) *http
 
 // errorCode is the code of an error envelope ("" for another body).
 func errorCode(w *httptest.ResponseRecorder) string {
-	var b errorBody
-	json.Unmarshal(w.Body.Bytes(), &b)
-	return b.Error.Code
+	return codeOf(w.Body.Bytes())
 }

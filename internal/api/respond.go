@@ -28,6 +28,16 @@ func errorResponse(err error) (int, []byte) {
 	return kind.Status, append(b, '\n')
 }
 
+// codeOf is the code of an error body errorResponse made ("" if body is
+// not one).
+func codeOf(body []byte) string {
+	var e errorBody
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	return e.Error.Code
+}
+
 // decodeJSON strictly decodes body into v: one JSON object, no unknown
 // fields, nothing after it. An empty body leaves v as it is.
 func decodeJSON(contentType string, body []byte, v any) error {

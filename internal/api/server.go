@@ -319,8 +319,13 @@ func mutate(w http.ResponseWriter, r *http.Request, ids *idempotency, limit int6
 	if err != nil {
 		return err
 	}
-	if rec := audit.From(r.Context()); rec != nil && strings.HasPrefix(resp.location, "/v1/operations/") {
-		rec.Operation = strings.TrimPrefix(resp.location, "/v1/operations/")
+	if rec := audit.From(r.Context()); rec != nil {
+		if strings.HasPrefix(resp.location, "/v1/operations/") {
+			rec.Operation = strings.TrimPrefix(resp.location, "/v1/operations/")
+		}
+		if resp.status >= 400 {
+			rec.Code = codeOf(resp.body)
+		}
 	}
 	writeResponse(w, resp, replayed)
 	return nil

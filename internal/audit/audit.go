@@ -110,6 +110,10 @@ type Request struct {
 	Target    string
 	Token     store.Token
 	Operation string
+	// Code is the error code of a refusal answered without an error
+	// reaching the edge (one stored under an Idempotency-Key, first
+	// answered or replayed); empty otherwise.
+	Code string
 	// Forwarded requests are recorded by the node that served them.
 	Forwarded bool
 }
@@ -138,6 +142,10 @@ func (l *Log) Finished(listener string, skip func(*Request) bool) func(r *http.R
 			r.Method == http.MethodGet || r.Method == http.MethodHead || (skip != nil && skip(rec)) {
 			return
 		}
-		l.Record(Entry(rec.Token, listener, rec.Action, rec.Target, rec.Operation, edge.RequestID(r.Context()), status, err))
+		e := Entry(rec.Token, listener, rec.Action, rec.Target, rec.Operation, edge.RequestID(r.Context()), status, err)
+		if err == nil && status >= 400 && rec.Code != "" {
+			e.Outcome = rec.Code
+		}
+		l.Record(e)
 	}
 }
