@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -147,11 +148,24 @@ func (e *Engine) ListSnapshots(ctx context.Context, q store.SnapshotQuery) (stor
 	return e.store.ListSnapshots(ctx, q)
 }
 
-// DeleteSnapshot removes a snapshot and its image. One still being made is
-// a Conflict. Sandboxes created from it are not affected: each read the
-// whole image when it started.
+// DeleteSnapshot removes a snapshot and its image. One still being made, or
+// that sandboxes are still starting from, is a Conflict. Sandboxes created
+// from it are not affected: each read the whole image when it started.
 func (e *Engine) DeleteSnapshot(ctx context.Context, id string) error {
-	err := e.store.DeleteSnapshot(ctx, id, func(s *sandbox.Snapshot) error {
+	var starting []string
+	err := store.EachSandbox(ctx, e.store, sandbox.Starting, func(sb *sandbox.Sandbox) {
+		if sb.Snapshot == id {
+			starting = append(starting, sb.ID)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if len(starting) > 0 {
+		return errdefs.New(errdefs.Conflict, "sandboxes are starting from snapshot %s (%s); delete it once they run", id, strings.Join(starting, ", ")).
+			WithDetails(map[string]any{"sandboxes": starting})
+	}
+	err = e.store.DeleteSnapshot(ctx, id, func(s *sandbox.Snapshot) error {
 		if s.State == sandbox.SnapshotCreating {
 			return errdefs.New(errdefs.Conflict, "snapshot %s is still being created (operation %s)", id, s.OperationID).
 				WithDetails(map[string]any{"operation_id": s.OperationID})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -247,5 +248,34 @@ func testSnapshotAsTemplate(t *testing.T) {
 	}
 	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A snapshot that a sandbox is still starting from cannot be deleted until
+// it runs (Conflict, naming it): its image is what the start reads.
+func TestDeleteSnapshotWhileStartingFromIt(t *testing.T) {
+	synctest.Test(t, testDeleteSnapshotWhileStartingFromIt)
+}
+
+func testDeleteSnapshotWhileStartingFromIt(t *testing.T) {
+	w := newWorld(t, t.TempDir(), fakeruntime.Config{Delay: time.Second})
+	ctx := context.Background()
+	src := create(t, w)
+	op, snap, err := w.eng.CreateSnapshot(ctx, src.ID, "", nil)
+	if err != nil || wait(t, w, op.ID).State != sandbox.OpSucceeded {
+		t.Fatalf("snapshot: %v", err)
+	}
+	sb, cop, err := w.eng.Create(ctx, lifecycle.CreateRequest{Snapshot: snap.ID}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.Conflict) || !strings.Contains(err.Error(), sb.ID) {
+		t.Fatalf("delete while %s starts from it: %v", sb.ID, err)
+	}
+	if got := wait(t, w, cop.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("create from the snapshot = %+v", got)
+	}
+	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatalf("delete once it runs: %v", err)
 	}
 }
