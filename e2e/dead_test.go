@@ -163,10 +163,12 @@ func faultIterations(rt string) int {
 
 // The fault-injection suite (#14 item 2 and its standing test): the server
 // is SIGKILLed at a random instant (seeded, printed) of a random create,
-// pause, suspend, wake or delete, and restarted, again and again. After each
-// restart the operation is terminal and its sandbox where it should be —
-// never failed, never lost; at the end every sandbox still has its file and
-// its process, and once deleted nothing of any sandbox is left on the host.
+// pause, suspend, wake, delete, fork, snapshot or create from a snapshot,
+// and restarted, again and again. After each restart the operation is
+// terminal and its sandboxes (and snapshot) where they should be — never
+// failed, never lost; at the end every sandbox still has its file and its
+// process, and once deleted nothing of any sandbox or snapshot is left on
+// the host.
 func testFaultInjection(t *testing.T, rt string) {
 	s := startRuntimeServer(t, rt)
 	seed := time.Now().UnixNano()
@@ -178,13 +180,30 @@ func testFaultInjection(t *testing.T, rt string) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	ctx := context.Background()
 	c := func() *client.Client { return s.client() }
-	// A sandbox gets a file and a process that must outlive everything.
+	// A sandbox gets a file and a process that must outlive everything; a
+	// copy (fork, or from a snapshot) carries its source's.
+	mark := map[string]string{} // id → what its /root/mark says
 	prepare := func(id string) {
 		s.runCommand(id, map[string]any{"command": []string{"sh", "-c", "echo " + id + " > /root/mark"}})
 		sess := s.command(id, map[string]any{"command": []string{"sleep", "100000"}})
 		if st, _ := s.attach(sess.Attach.URL, sess.Attach.Token, ""); st != nil {
 			st.close()
 		}
+		mark[id] = id
+	}
+	snapshotOf := func(id string) (snap, opID string) {
+		sn, op, err := c().CreateSnapshot(ctx, id, "", "")
+		if err != nil {
+			t.Fatalf("snapshot %s: %v", id, err)
+		}
+		return sn.ID, op.ID
+	}
+	fromSnapshot := func(snap string) (id, opID string) {
+		out, _, err := c().CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap}, "")
+		if err != nil {
+			t.Fatalf("create from %s: %v", snap, err)
+		}
+		return out.Sandbox.ID, out.Operation.ID
 	}
 	// How long each step takes here: kills land within it.
 	span := map[string]time.Duration{}
@@ -193,19 +212,39 @@ func testFaultInjection(t *testing.T, rt string) {
 		f()
 		span[name] = max(time.Since(start)*5/4, 50*time.Millisecond)
 	}
-	var probe string
+	var probe, probeFork, probeSnap, probeCopy string
 	timed("create", func() { probe = s.createRunning() })
 	timed("pause", func() { s.lifecycle(probe, "pause", "paused") })
 	timed("wake", func() { s.lifecycle(probe, "wake", "running") })
+	timed("fork", func() { probeFork = s.fork(t, probe, 1)[0] })
+	timed("snapshot", func() {
+		var op string
+		probeSnap, op = snapshotOf(probe)
+		s.waitOp(op)
+	})
+	timed("from-snapshot", func() {
+		var op string
+		probeCopy, op = fromSnapshot(probeSnap)
+		s.waitOp(op)
+	})
 	timed("suspend", func() { s.lifecycle(probe, "suspend", "suspended") })
 	timed("restore", func() { s.lifecycle(probe, "wake", "running") })
 	timed("delete", func() { s.lifecycle(probe, "delete", "deleted") })
+	for _, id := range []string{probeFork, probeCopy} {
+		s.lifecycle(id, "delete", "deleted")
+	}
+	if err := c().DeleteSnapshot(ctx, probeSnap); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("kill windows: %v", span)
 
-	all := map[string]bool{}    // every sandbox ever made, for the leak check
+	all := map[string]bool{}    // every sandbox and snapshot ever made, for the leak check
 	live := map[string]string{} // id → state
+	type saved struct{ id, mark string }
+	var snaps []saved // ready snapshots, oldest first
 	var ids []string
 	lost, kills := 0, 0
+	actions := map[string]int{}
 	for i := 0; i < iterations; i++ {
 		for id := range live {
 			if live[id] == "deleted" {
@@ -220,16 +259,30 @@ func testFaultInjection(t *testing.T, rt string) {
 		action, id := "create", ""
 		if len(ids) >= 2 || (len(ids) > 0 && rng.IntN(3) > 0) {
 			id = ids[rng.IntN(len(ids))]
+			var choices []string
 			switch live[id] {
 			case "running":
-				action = []string{"pause", "suspend", "delete"}[rng.IntN(3)]
+				choices = []string{"pause", "suspend", "delete", "snapshot"}
 			case "paused":
-				action = []string{"wake", "suspend", "delete"}[rng.IntN(3)]
+				choices = []string{"wake", "suspend", "delete", "snapshot"}
 			case "suspended":
-				action = []string{"wake", "wake", "delete"}[rng.IntN(3)]
+				choices = []string{"wake", "wake", "delete"}
 			}
+			if len(ids) < 4 {
+				if live[id] != "suspended" {
+					choices = append(choices, "fork")
+				}
+				if len(snaps) > 0 {
+					choices = append(choices, "from-snapshot")
+				}
+			}
+			action = choices[rng.IntN(len(choices))]
+		} else if len(snaps) > 0 && rng.IntN(2) == 0 {
+			action = "from-snapshot"
 		}
-		var opID string
+		actions[action]++
+		var opID, snap, from string
+		var forks []string
 		window := span[action]
 		switch action {
 		case "create":
@@ -239,6 +292,28 @@ func testFaultInjection(t *testing.T, rt string) {
 			}
 			id, opID = out.Sandbox.ID, out.Operation.ID
 			all[id] = true
+		case "from-snapshot":
+			sn := snaps[rng.IntN(len(snaps))]
+			id, opID = fromSnapshot(sn.id)
+			mark[id], from = sn.mark, sn.id
+			all[id] = true
+		case "snapshot":
+			snap, opID = snapshotOf(id)
+			all[snap] = true
+		case "fork":
+			count := 1
+			if rt != "vm" { // (two TCG guests more would crowd the host)
+				count += rng.IntN(2)
+			}
+			op, sbs, _, err := c().Fork(ctx, id, count, "")
+			if err != nil {
+				t.Fatalf("iteration %d: fork %s: %v", i, id, err)
+			}
+			opID = op.ID
+			for _, f := range sbs {
+				forks = append(forks, f.ID)
+				all[f.ID] = true
+			}
 		default:
 			if action == "wake" && live[id] == "suspended" {
 				window = span["restore"]
@@ -259,20 +334,58 @@ func testFaultInjection(t *testing.T, rt string) {
 		if err != nil {
 			t.Fatalf("iteration %d: %s: %v", i, id, err)
 		}
+		what := fmt.Sprintf("iteration %d: %s of %s killed after %v", i, action, id, d)
+		if from != "" {
+			what += " (from " + from + ")"
+		}
 		if sb.State == "failed" || op.State != "succeeded" {
 			lost++
-			t.Errorf("iteration %d: %s of %s killed after %v: operation %s %+v, sandbox %s %+v", i, action, id, d, op.State, op.Error, sb.State, sb.Error)
+			t.Errorf("%s: operation %s %+v, sandbox %s %+v", what, op.State, op.Error, sb.State, sb.Error)
 			if sb.State != "deleted" { // it still must leave nothing behind
 				live[id] = sb.State
 			}
+			for _, f := range forks {
+				if fsb, err := c().GetSandbox(ctx, f); err == nil && fsb.State != "deleted" {
+					live[f] = fsb.State
+				}
+			}
 			continue
 		}
+		// A copy leaves its source as it was.
+		if (action == "fork" || action == "snapshot") && sb.State != live[id] {
+			lost++
+			t.Errorf("%s: the source is %s, was %s", what, sb.State, live[id])
+		}
 		live[id] = sb.State
-		if action == "create" {
+		for _, f := range forks {
+			fsb, err := c().GetSandbox(ctx, f)
+			if err != nil || fsb.State != "running" {
+				lost++
+				t.Errorf("%s: fork %s: %v %+v", what, f, err, fsb)
+			}
+			if err == nil {
+				live[f], mark[f] = fsb.State, mark[id]
+			}
+		}
+		switch action {
+		case "create":
 			prepare(id)
+		case "snapshot":
+			if got, err := c().GetSnapshot(ctx, snap); err != nil || got.State != "ready" {
+				lost++
+				t.Errorf("%s: snapshot %s: %v %+v", what, snap, err, got)
+				continue
+			}
+			snaps = append(snaps, saved{snap, mark[id]})
+			if len(snaps) > 2 { // (their disk)
+				if err := c().DeleteSnapshot(ctx, snaps[0].id); err != nil {
+					t.Fatalf("delete snapshot %s: %v", snaps[0].id, err)
+				}
+				snaps = snaps[1:]
+			}
 		}
 	}
-	t.Logf("fault injection on %s: %d iterations, %d server kills, %d sandboxes lost", rt, iterations, kills, lost)
+	t.Logf("fault injection on %s: %d iterations %v, %d server kills, %d sandboxes lost", rt, iterations, actions, kills, lost)
 	// Every sandbox that is left still has its file and its process.
 	for id, st := range live {
 		if st == "deleted" { // the last iteration's delete
@@ -286,12 +399,28 @@ func testFaultInjection(t *testing.T, rt string) {
 			s.lifecycle(id, "wake", "running")
 		}
 		tr, _ := s.runCommand(id, map[string]any{"command": []string{"sh", "-c", "cat /root/mark; ps | grep -c '[s]leep 100000'"}})
-		if string(tr.stdout) != id+"\n1\n" {
-			t.Errorf("%s lost its file or process: %q %q", id, tr.stdout, tr.stderr)
+		if string(tr.stdout) != mark[id]+"\n1\n" {
+			t.Errorf("%s lost its file or process: %q %q (want mark %s)", id, tr.stdout, tr.stderr, mark[id])
 		}
 		s.lifecycle(id, "delete", "deleted")
 	}
-	// Nothing of any sandbox is left: processes, mounts, files.
+	for _, sn := range snaps {
+		if err := c().DeleteSnapshot(ctx, sn.id); err != nil {
+			t.Errorf("delete snapshot %s: %v", sn.id, err)
+		}
+	}
+	// What a kill left of finished forks and deleted images goes at the
+	// next start: the snapshot directory is then empty.
+	s.kill()
+	s.start()
+	if left, _ := os.ReadDir(filepath.Join(s.dataDir, "snapshots")); len(left) > 0 {
+		var names []string
+		for _, e := range left {
+			names = append(names, e.Name())
+		}
+		t.Errorf("left in the snapshot directory after a restart: %v", names)
+	}
+	// Nothing of any sandbox or snapshot is left: processes, mounts, files.
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	for id := range all {
 		if p := sandboxProcesses(id); len(p) > 0 {
