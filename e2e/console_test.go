@@ -280,6 +280,10 @@ func TestConsole(t *testing.T) {
 	if err != nil || fromTag.Sandbox.Snapshot != snapID {
 		t.Fatalf("create of the tag set in the console: %+v %v", fromTag, err)
 	}
+	// (A snapshot a sandbox is still starting from cannot be deleted.)
+	if op := s.waitOp(fromTag.Operation.ID); op.State != "succeeded" {
+		t.Fatalf("create of the tag set in the console: %+v", op.Error)
+	}
 	b.expectRefusal("/v1/snapshots/" + snapID)
 	b.do("delete the tagged snapshot", 10*time.Second, chromedp.Click(chromedp.CSS(`button[data-delete="`+snapID+`"]`)))
 	b.waitFor("the confirmation", `document.getElementById('confirm').open`, 5*time.Second)
@@ -316,6 +320,32 @@ func TestConsole(t *testing.T) {
 	setPool("1")
 	b.shot("templates-pool")
 	setPool("0")
+
+	// The audit log shows this session's changes, allowed and refused,
+	// newest first, and filters them on the server.
+	b.do("audit page", 10*time.Second, chromedp.Navigate(base+"/console/#/audit"))
+	b.waitPage("audit", 20*time.Second)
+	b.shot("audit")
+	b.labelled("audit")
+	auditRows := func(filter string) string {
+		return b.eval(`JSON.stringify([...document.querySelectorAll('#audit tr[data-action]')].filter((r) => ` + filter + `).map((r) => r.dataset.action + ' ' + r.dataset.outcome))`)
+	}
+	if got := auditRows(`r.dataset.action.endsWith(':fork') && r.dataset.outcome === 'ok'`); got == "[]" {
+		t.Fatalf("the audit page shows no fork: %s", auditRows("true"))
+	}
+	if got := auditRows(`r.dataset.action.endsWith('/network') && r.dataset.outcome === 'invalid_argument'`); got == "[]" {
+		t.Fatalf("the audit page shows no refused network policy: %s", auditRows("true"))
+	}
+	b.eval(`(() => { document.getElementById('audit-action').value = ':fork'; return ''; })()`)
+	b.do("filter the audit log", 10*time.Second, chromedp.Click(chromedp.CSS("#audit-apply")))
+	b.waitFor("only forks", `document.getElementById('audit-status').dataset.count !== undefined && [...document.querySelectorAll('#audit tr[data-action]')].every((r) => r.dataset.action.endsWith(':fork'))`, 20*time.Second)
+	if got := auditRows("true"); got == "[]" {
+		t.Fatal("the audit log filtered by :fork is empty")
+	}
+	b.eval(`(() => { const o = document.getElementById('audit-outcome'); o.value = 'refused'; o.dispatchEvent(new Event('change')); return ''; })()`)
+	if got := auditRows(`r.dataset.outcome === 'ok'`); got != "[]" {
+		t.Fatalf("refused only, yet allowed rows show: %s", got)
+	}
 	b.do("overview", 10*time.Second, chromedp.Navigate(base+"/console/#/"))
 	b.waitPage("overview", 20*time.Second)
 	if !strings.Contains(b.eval(`document.getElementById('latency').textContent`), "suspend") {
@@ -341,6 +371,11 @@ func TestConsole(t *testing.T) {
 	b.waitPage("snapshots", 15*time.Second)
 	if got := b.eval(`document.getElementById('tag-do').disabled && document.getElementById('tag-help') !== null ? 'ok' : 'enabled'`); got != "ok" {
 		t.Fatal("a member's snapshots page offers tagging, which needs an admin")
+	}
+	b.do("audit page as member", 10*time.Second, chromedp.Navigate(base+"/console/#/audit"))
+	b.waitPage("audit", 15*time.Second)
+	if got := b.eval(`document.getElementById('audit-denied') !== null && document.getElementById('audit') === null ? 'ok' : 'shown'`); got != "ok" {
+		t.Fatal("a member's audit page does not say the log needs an admin")
 	}
 	b.do("sandbox page as member", 10*time.Second, chromedp.Navigate(base+"/console/#/sandboxes/"+sbx))
 	b.waitPage("sandbox", 15*time.Second)

@@ -9,6 +9,7 @@ import { sandboxPage } from './pages/sandbox.js';
 import { operations } from './pages/operations.js';
 import { templates } from './pages/templates.js';
 import { snapshots } from './pages/snapshots.js';
+import { audit } from './pages/audit.js';
 
 const routes = [
   [/^#?\/?$/, overview, 'Overview'],
@@ -17,6 +18,7 @@ const routes = [
   [/^#\/operations$/, operations, 'Operations'],
   [/^#\/snapshots$/, snapshots, 'Snapshots'],
   [/^#\/templates$/, templates, 'Templates'],
+  [/^#\/audit$/, audit, 'Audit log'],
 ];
 
 export const session = { me: null };
