@@ -121,8 +121,11 @@ func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
 	return r.runState(ctx, spec, "cont", "running")
 }
 
-// runState sends stop or cont unless the VM is already in want.
+// runState sends stop or cont unless the VM is already in want. A pause
+// or resume asked for now settles what an interrupted save was to restore
+// (Snapshot's hold-paused).
 func (r *Runtime) runState(ctx context.Context, spec runtime.Spec, cmd, want string) error {
+	os.Remove(filepath.Join(r.sandboxDir(spec.SandboxID), "hold-paused"))
 	q, err := r.qmp(ctx, spec.SandboxID)
 	if err != nil {
 		return fmt.Errorf("%s: %w", cmd, runtime.ErrNotFound)
@@ -303,28 +306,42 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	return nil
 }
 
+// restore is Restore without the exit watch. The saved device state is
+// spent once the guest runs, since the guest changes the RAM file and disk
+// from then on. It is removed just before the guest runs, so a retry after
+// a crash never loads it over files that moved on. A retry finds the QEMU
+// a crash cut short: one running is adopted, and one that loaded the state
+// and is paused before running is let run (its state file may already be
+// gone). Any other QEMU is stopped and the state loaded again.
 func (r *Runtime) restore(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
+	state := statePath(spec)
 	if r.qemuPID(id) != 0 {
 		q, err := r.qmp(ctx, id)
 		if err == nil {
 			st, _ := q.status(ctx)
+			if st == "paused" {
+				if _, err := q.execute(ctx, "cont", nil); err == nil {
+					st = "running"
+				}
+			}
 			q.close()
 			if st == "running" {
+				os.Remove(state)
 				return r.waitAgent(ctx, id)
 			}
 		}
 		r.stopQEMU(ctx, id) // a restore that died half-way
 	}
-	if _, err := os.Stat(statePath(spec)); err != nil {
+	if _, err := os.Stat(state); err != nil {
 		return fmt.Errorf("restore: no saved state: %w", runtime.ErrNotFound)
 	}
-	if err := r.load(ctx, spec, statePath(spec)); err != nil {
-		return err
-	}
-	// Running again: the saved device state is spent.
-	os.Remove(statePath(spec))
-	return nil
+	return r.loadThen(ctx, spec, state, func() error {
+		if err := os.Remove(state); err != nil {
+			return fmt.Errorf("mark the saved state spent: %w", err)
+		}
+		return fsync(filepath.Dir(state))
+	})
 }
 
 // load starts QEMU waiting for an incoming migration, feeds it the device

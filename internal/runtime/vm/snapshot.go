@@ -170,8 +170,24 @@ var _ runtime.Snapshotter = (*Runtime)(nil)
 // and the agent's key, so a copy's agent proves itself to its own endpoint.
 func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (err error) {
 	id := spec.SandboxID
+	// A paused source runs for the save (its agent must leave first) and
+	// is stopped again after. hold records that across a crash: a retry
+	// finds the VM running and must still leave it paused.
+	hold := filepath.Join(r.sandboxDir(id), "hold-paused")
+	_, holding := os.Stat(hold)
 	if _, err := os.Stat(dir); err == nil {
-		return nil // saved already (a retry after a crash)
+		// Saved already (a retry after a crash).
+		if holding == nil {
+			if q, err := r.qmp(ctx, id); err == nil {
+				_, err = q.execute(ctx, "stop", nil)
+				q.close()
+				if err != nil {
+					return fmt.Errorf("pause %s again after its save: %w", id, err)
+				}
+			}
+			os.Remove(hold)
+		}
+		return nil
 	}
 	if r.qemuPID(id) == 0 {
 		return fmt.Errorf("snapshot %s: %w", id, runtime.ErrNotFound)
@@ -181,6 +197,17 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 		return fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	defer q.close()
+	if st, err := q.status(ctx); err != nil {
+		return fmt.Errorf("snapshot %s: %w", id, err)
+	} else if st == "paused" && holding != nil {
+		if err := os.WriteFile(hold, nil, 0o600); err != nil {
+			return err
+		}
+		if err := fsync(r.sandboxDir(id)); err != nil {
+			return err
+		}
+		holding = nil
+	}
 	tmp := dir + ".tmp"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
@@ -190,6 +217,9 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	was, err := r.leaveAgent(ctx, q, id)
 	if err != nil {
 		return err
+	}
+	if holding == nil {
+		was = "paused"
 	}
 	t0 := time.Now()
 	err = r.copyStopped(ctx, q, id, tmp)
@@ -218,6 +248,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	}
 	if was == "paused" {
 		q.execute(bk, "stop", nil)
+		os.Remove(hold)
 	}
 	if err != nil {
 		if lowSpace(filepath.Dir(dir)) {

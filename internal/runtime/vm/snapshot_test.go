@@ -146,3 +146,80 @@ func TestTakenImageAfterACrash(t *testing.T) {
 		t.Fatalf("start again from an image a guest ran: %v", err)
 	}
 }
+
+// A wake that a crash cut short after QEMU loaded the saved device state
+// and the state was marked spent, before the guest ran, is finished by the
+// next wake: the paused QEMU is let run, with the guest's files. The cut is
+// made by a test hook (FaultInjection). Once the guest runs the state is
+// gone, so a VM lost later is never restored from it over RAM and disk that
+// moved on.
+func TestWakeCutShortAfterLoadFaultInjection(t *testing.T) {
+	r, _, spec := startTestVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := r.Agent(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile(ctx, "/root/state.txt", 0o600, strings.NewReader("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Suspend(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.LoadStoppedFaultInjection(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := r.Recover(ctx, spec); st != runtime.StatusPaused {
+		t.Fatalf("after the cut: %s, %v; want paused", st, err)
+	}
+	if err := r.Restore(ctx, spec); err != nil {
+		t.Fatalf("wake after the cut: %v", err)
+	}
+	c, err = r.Agent(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := c.ReadFile(ctx, "/root/state.txt", 0, 100); err != nil || string(b) != "kept" {
+		t.Fatalf("after the wake: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(spec.SnapshotDir, "vmstate")); !os.IsNotExist(err) {
+		t.Fatalf("the spent device state is still there: %v", err)
+	}
+}
+
+// A paused VM runs for a snapshot and is paused again after. When a crash
+// cuts the save short while the VM runs, the save done again still leaves
+// it paused — whether the save itself was complete before the cut or not.
+// The cut's traces (the hold mark, the VM running) are made by hand
+// (FaultInjection).
+func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
+	r, dir, spec := startTestVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hold := filepath.Join(dir, "sandboxes", spec.SandboxID, "hold-paused")
+	for _, saved := range []bool{false, true} {
+		if err := r.Pause(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Resume(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(hold, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		snap := filepath.Join(t.TempDir(), "snap")
+		if saved {
+			os.MkdirAll(snap, 0o700)
+		}
+		if err := r.Snapshot(ctx, spec, snap); err != nil {
+			t.Fatalf("snapshot again (saved before the cut: %v): %v", saved, err)
+		}
+		if st, err := r.Recover(ctx, spec); st != runtime.StatusPaused {
+			t.Fatalf("saved before the cut: %v: the source is %s (%v), want paused", saved, st, err)
+		}
+		if _, err := os.Stat(hold); !os.IsNotExist(err) {
+			t.Fatalf("the hold mark is left: %v", err)
+		}
+	}
+}

@@ -1,0 +1,29 @@
+//go:build linux
+
+package vm
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/spacesandbox/space/internal/runtime"
+)
+
+// LoadStoppedFaultInjection does what a restore does up to the instant
+// before its guest runs — QEMU loads the saved device state, the state file
+// is marked spent (removed) — and stops there, as a server killed at that
+// instant would: QEMU is left paused with the state in it.
+func (r *Runtime) LoadStoppedFaultInjection(ctx context.Context, spec runtime.Spec) error {
+	cut := errors.New("cut before the guest runs")
+	err := r.loadThen(ctx, spec, statePath(spec), func() error {
+		if err := os.Remove(statePath(spec)); err != nil {
+			return err
+		}
+		return cut
+	})
+	if errors.Is(err, cut) {
+		return nil
+	}
+	return err
+}
