@@ -174,10 +174,11 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	// is stopped again after. hold records that across a crash: a retry
 	// finds the VM running and must still leave it paused.
 	hold := filepath.Join(r.sandboxDir(id), "hold-paused")
-	_, holding := os.Stat(hold)
+	_, herr := os.Stat(hold)
+	held := herr == nil
 	if _, err := os.Stat(dir); err == nil {
 		// Saved already (a retry after a crash).
-		if holding == nil {
+		if held {
 			if q, err := r.qmp(ctx, id); err == nil {
 				_, err = q.execute(ctx, "stop", nil)
 				q.close()
@@ -199,14 +200,14 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	defer q.close()
 	if st, err := q.status(ctx); err != nil {
 		return fmt.Errorf("snapshot %s: %w", id, err)
-	} else if st == "paused" && holding != nil {
+	} else if st == "paused" && !held {
 		if err := os.WriteFile(hold, nil, 0o600); err != nil {
 			return err
 		}
 		if err := fsync(r.sandboxDir(id)); err != nil {
 			return err
 		}
-		holding = nil
+		held = true
 	}
 	tmp := dir + ".tmp"
 	os.RemoveAll(tmp)
@@ -218,7 +219,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	if err != nil {
 		return err
 	}
-	if holding == nil {
+	if held {
 		was = "paused"
 	}
 	t0 := time.Now()
