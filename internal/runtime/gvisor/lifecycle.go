@@ -204,16 +204,26 @@ func (r *Runtime) waitAgentAlive(ctx context.Context, id string) error {
 
 // Pause freezes every task of the sandbox (already paused is success):
 // one call to its control server (control.go).
+// A pause asked for now settles what a cut-short Snapshot was to leave.
 func (r *Runtime) Pause(ctx context.Context, spec runtime.Spec) error {
+	os.Remove(r.holdPausedMark(spec.SandboxID))
 	return r.pauseSandbox(ctx, spec)
 }
 
-// Resume unfreezes a paused sandbox (running already is success).
+// Resume unfreezes a paused sandbox (running already is success). A resume
+// asked for now settles what a cut-short Snapshot was to leave.
 func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
+	os.Remove(r.holdPausedMark(spec.SandboxID))
 	return r.resumeSandbox(ctx, spec)
 }
 
 func (r *Runtime) pausedMark(id string) string { return filepath.Join(r.sandboxDir(id), "paused") }
+
+// holdPausedMark is there while Snapshot has a paused sandbox running for
+// its save (snapshot.go).
+func (r *Runtime) holdPausedMark(id string) string {
+	return filepath.Join(r.sandboxDir(id), "hold-paused")
+}
 
 // surelyRunning reports, without asking runsc (a process start, tens of
 // milliseconds), that a sandbox runs unpaused: its process, as runsc named

@@ -38,6 +38,12 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
 		return err
 	}
+	// A paused source runs for the save (runsc checkpoints running
+	// containers) and is paused again after. hold records that across a
+	// crash: a retry finds it running and must still leave it paused.
+	hold := r.holdPausedMark(id)
+	_, herr := os.Stat(hold)
+	held := herr == nil
 	if _, err := os.Stat(dir); err == nil {
 		if savedThisBoot(dir) {
 			// Saved already: a retry after a crash. One between the save
@@ -45,6 +51,12 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 			// connection the save closed; tell it to look (it changes
 			// nothing otherwise).
 			r.signal(ctx, id, r.redialSignal)
+			if held {
+				if err := r.pauseAfterSave(ctx, spec); err != nil {
+					return fmt.Errorf("pause %s again after its save: %w", id, err)
+				}
+				os.Remove(hold)
+			}
 			return nil
 		}
 		// An ephemeral save from before the host restarted: its pages may
@@ -77,8 +89,16 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if err != nil {
 		return err
 	}
-	wasPaused := how != ""
-	if wasPaused {
+	wasPaused := how != "" || held
+	if how != "" {
+		if !held {
+			if err := os.WriteFile(hold, nil, 0o600); err != nil {
+				return fmt.Errorf("hold mark of %s: %w", id, err)
+			}
+			if err := syncDir(r.sandboxDir(id)); err != nil {
+				return err
+			}
+		}
 		// runsc checkpoints running containers.
 		if err := r.resumeSandbox(ctx, spec); err != nil {
 			return err
@@ -87,6 +107,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	repause := func() {
 		if wasPaused {
 			r.pauseSandbox(context.WithoutCancel(ctx), spec)
+			os.Remove(hold)
 		}
 	}
 	if err := r.roomToSave(spec, tmp, "copy"); err != nil {
@@ -162,6 +183,20 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		return nil
 	}
 	return publish(tmp, dir, spec.Ephemeral)
+}
+
+// pauseAfterSave pauses again a source whose save a crash cut short after
+// it was complete. One still running gets its agent back first, so that it
+// is not frozen between the save's close of its connection and its redial.
+func (r *Runtime) pauseAfterSave(ctx context.Context, spec runtime.Spec) error {
+	how, err := r.frozen(ctx, spec, nil)
+	if err != nil || how != "" {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.redialWait)
+	r.waitAgent(wctx, spec.SandboxID)
+	cancel()
+	return r.pauseSandbox(ctx, spec)
 }
 
 // ephemeralMark, in an ephemeral save, holds the host's boot id: such a

@@ -259,3 +259,71 @@ func TestPreparedCopyRestoresTheSaveIntoItsProcess(t *testing.T) {
 		t.Fatalf("a deleted prepared copy's process %d is still there", gpid)
 	}
 }
+
+// A paused source runs for its save and is paused again after. A server
+// killed in between (FAULT INJECTED: the cut's traces — the hold mark and
+// the sandbox running — are made by hand, before and after the save) left
+// it running, while its record said paused. The retried snapshot leaves
+// it paused in both cases, and a resume then gets its agent back.
+func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
+	for _, saved := range []bool{false, true} {
+		name := "before the save"
+		if saved {
+			name = "after the save"
+		}
+		t.Run(name, func(t *testing.T) {
+			open, newSpec := testRuntime(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			r := open()
+			spec, _ := started(ctx, t, r, newSpec)
+			id := spec.SandboxID
+			if err := r.Pause(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+			// The killed server's snapshot: the hold mark, the sandbox
+			// running, and maybe its save complete.
+			if err := os.WriteFile(r.holdPausedMark(id), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.resumeSandbox(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+			img := filepath.Join(t.TempDir(), "image")
+			if saved {
+				if err := os.MkdirAll(img, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", img, id)...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.Close()
+
+			r = open()
+			if err := r.Snapshot(ctx, spec, img); err != nil {
+				t.Fatalf("the retried snapshot: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil {
+				t.Fatalf("the retried snapshot's image: %v", err)
+			}
+			if m := r.mark(id); m != markPaused {
+				t.Fatalf("pause mark %q after the retried snapshot, want %q", m, markPaused)
+			}
+			if r.agentAnswers(ctx, id) {
+				t.Fatal("the source's agent answers: it runs, and was paused")
+			}
+			if _, err := os.Stat(r.holdPausedMark(id)); !os.IsNotExist(err) {
+				t.Fatalf("the hold mark is left: %v", err)
+			}
+			if err := r.Resume(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+			actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+			defer acancel()
+			if err := r.waitAgent(actx, id); err != nil {
+				t.Fatalf("resumed after the retried snapshot: %v", err)
+			}
+		})
+	}
+}
