@@ -268,15 +268,8 @@ func testFaultInjection(t *testing.T, rt string) {
 			case "suspended":
 				choices = []string{"wake", "wake", "delete"}
 			}
-			// KNOWN BUG, left out on gVisor only: a copy of a paused gVisor
-			// source whose save a kill cuts short leaves the source
-			// running (found by this suite; fixed on vm in 987a14c).
-			copyable := live[id] == "running" || (live[id] == "paused" && rt == "vm")
-			if !copyable {
-				choices = slices.DeleteFunc(choices, func(c string) bool { return c == "snapshot" })
-			}
 			if len(ids) < 4 {
-				if copyable {
+				if live[id] != "suspended" {
 					choices = append(choices, "fork")
 				}
 				if len(snaps) > 0 {
