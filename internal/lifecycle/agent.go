@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -40,13 +41,56 @@ func (e *Engine) agent(ctx context.Context, id string, touch bool) (*sandboxio.A
 	if touch {
 		e.Touch(id) // work on a sandbox keeps it awake (see idle.go)
 	}
-	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := rt.Agent(actx, e.spec(sb))
+	c, err := e.waitAgent(ctx, rt, sb)
 	if err != nil {
-		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "the agent of sandbox %s is not answering", id)
+		return nil, nil, err
 	}
 	return sandboxio.Wrap(c), sb, nil
+}
+
+// waitAgent returns the agent of running sandbox sb: at once when it is
+// connected, else once it connects, for up to 15 seconds. A sandbox that
+// stops running meanwhile (its process died: sandboxExited) ends the wait
+// with the state it is in, not with a timeout.
+func (e *Engine) waitAgent(ctx context.Context, rt runtime.Runtime, sb *sandbox.Sandbox) (*agentclient.Client, error) {
+	spec := e.spec(sb)
+	now, cancel := context.WithCancel(ctx)
+	cancel()
+	if c, err := rt.Agent(now, spec); err == nil {
+		return c, nil
+	}
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	var left *sandbox.Sandbox // the sandbox as the watch last saw it stop running
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-actx.Done():
+				return
+			case <-t.C:
+				if cur, err := e.store.GetSandbox(actx, sb.ID); err == nil && cur.State != sandbox.Running {
+					left = cur
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	c, err := rt.Agent(actx, spec)
+	if err == nil {
+		return c, nil
+	}
+	cancel()
+	<-watched
+	if left != nil && ctx.Err() == nil {
+		return nil, errdefs.New(errdefs.FailedPrecondition, "sandbox %s is %s; only a running sandbox accepts commands and file calls", sb.ID, left.State).
+			WithDetails(map[string]any{"state": string(left.State)})
+	}
+	return nil, errdefs.Wrap(errdefs.Unavailable, err, "the agent of sandbox %s is not answering", sb.ID)
 }
 
 // Hostname is the hostname a sandbox gets: its id in a form hostnames allow.

@@ -124,8 +124,9 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 			os.RemoveAll(spec.SnapshotDir)
 			others = append(others, store.Outcome{SandboxID: id, State: sandbox.Failed, Error: opErr})
 		}
-		op.From = e.sourceAfterFailure(bk, rt, srcSb, op.From)
-		e.finishFork(log, op, start, sandbox.OpFailed, opErr, others)
+		var srcErr *sandbox.ErrorInfo
+		op.From, srcErr = e.sourceAfterFailure(bk, rt, srcSb, op)
+		e.finishFork(log, op, start, sandbox.OpFailed, opErr, srcErr, others)
 	}
 	snap, ok := rt.(runtime.Snapshotter)
 	if !ok {
@@ -226,7 +227,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 		others = append(others, store.Outcome{SandboxID: id, State: sandbox.Running})
 	}
 	e.log.Info("sandbox forked", "sandbox_id", op.SandboxID, "operation_id", op.ID, "count", len(op.Sandboxes), "save", saved, "total", time.Since(start))
-	e.finishFork(log, op, start, sandbox.OpSucceeded, nil, others)
+	e.finishFork(log, op, start, sandbox.OpSucceeded, nil, nil, others)
 }
 
 // forkSpec is the runtime spec of a fork by id (its record when readable).
@@ -268,25 +269,26 @@ func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbo
 }
 
 // sourceAfterFailure is the state a source ends in after a failed fork or
-// snapshot: as it was (from), unless the runtime lost it meanwhile or kept
-// it only as its save (suspended: it wakes from there).
-func (e *Engine) sourceAfterFailure(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, from sandbox.State) sandbox.State {
+// snapshot (op): as it was (op.From), unless the runtime lost it meanwhile
+// (failed, with the reason) or kept it only as its save (suspended: it
+// wakes from there).
+func (e *Engine) sourceAfterFailure(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, op sandbox.Operation) (sandbox.State, *sandbox.ErrorInfo) {
 	st, err := rt.Recover(ctx, e.spec(src))
 	switch {
 	case err != nil:
-		return from
+		return op.From, nil
 	case st == runtime.StatusAbsent:
-		return sandbox.Failed
+		return sandbox.Failed, lostDuring(op.Kind)
 	case st == runtime.StatusSuspended:
-		return sandbox.Suspended
+		return sandbox.Suspended, nil
 	}
-	return from
+	return op.From, nil
 }
 
-// finishFork records a fork's outcome: the source back as it was, each copy
-// in its state.
-func (e *Engine) finishFork(log interface{ Error(string, ...any) }, op sandbox.Operation, start time.Time, state sandbox.OpState, opErr *sandbox.ErrorInfo, others []store.Outcome) {
-	e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: state, Error: opErr, SandboxState: op.From, Others: others})
+// finishFork records a fork's outcome: the source as op.From says (with
+// srcErr if it failed), each copy in its state.
+func (e *Engine) finishFork(log interface{ Error(string, ...any) }, op sandbox.Operation, start time.Time, state sandbox.OpState, opErr, srcErr *sandbox.ErrorInfo, others []store.Outcome) {
+	e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: state, Error: opErr, SandboxState: op.From, SandboxError: srcErr, Others: others})
 }
 
 // finishWith records an operation's outcome f (its time is now).

@@ -86,7 +86,7 @@ func (e *Engine) execute(op sandbox.Operation) {
 			for _, id := range op.Sandboxes {
 				others = append(others, store.Outcome{SandboxID: id, State: sandbox.Failed, Error: gone})
 			}
-			e.finishFork(log, op, start, sandbox.OpFailed, gone, others)
+			e.finishFork(log, op, start, sandbox.OpFailed, gone, nil, others)
 			return
 		}
 		e.finish(log, op, start, sandbox.OpFailed, gone, op.From, nil)
@@ -253,16 +253,26 @@ func (e *Engine) fail(ctx context.Context, log interface {
 	}
 	switch {
 	case status == runtime.StatusAbsent && op.Kind == sandbox.OpDelete:
+		// Gone, but what the runtime keeps of it on the host may not be
+		// (its delete was cut short): once more, on nothing to stop.
+		if err := rt.Delete(octx, spec); err != nil {
+			log.Error("clean up after a failed delete", "err", err)
+		}
 		e.detach(octx, spec.SandboxID)
 		os.RemoveAll(spec.SnapshotDir)
 		e.forgetSnapshot(octx, spec.SandboxID)
 		e.finish(log, op, start, sandbox.OpSucceeded, nil, sandbox.Deleted, nil)
 	case status == runtime.StatusAbsent:
-		lost := &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: "the runtime lost the sandbox during " + string(op.Kind)}
-		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, lost)
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, lostDuring(op.Kind))
 	default:
 		e.finish(log, op, start, sandbox.OpFailed, opErr, runtime.StateOf(status), nil)
 	}
+}
+
+// lostDuring is the error of a sandbox the runtime no longer had after a
+// failed operation of kind.
+func lostDuring(kind sandbox.OpKind) *sandbox.ErrorInfo {
+	return &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: "the runtime lost the sandbox during " + string(kind)}
 }
 
 // operationError is the client-visible error of a failed operation. Host

@@ -98,8 +98,8 @@ func (e *Engine) executeSnapshot(ctx context.Context, log interface {
 		}
 		opErr := operationError(op, cause)
 		os.RemoveAll(dir)
-		from := e.sourceAfterFailure(bk, rt, src, op.From)
-		e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: opErr, SandboxState: from,
+		from, srcErr := e.sourceAfterFailure(bk, rt, src, op)
+		e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: opErr, SandboxState: from, SandboxError: srcErr,
 			Snapshot: &store.SnapshotOutcome{SnapshotID: op.Snapshot, State: sandbox.SnapshotFailed, Error: opErr}})
 	}
 	if _, err := e.saveSource(ctx, rt, src, dir, nil); err != nil {

@@ -1,0 +1,94 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/runtime"
+	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// dyingRuntime is the FAKE runtime whose sandboxes die at the end of a
+// pause (FAULT INJECTED): the runtime's part has succeeded, and the death
+// is reported while the engine has not yet recorded the pause.
+type dyingRuntime struct {
+	*fakeruntime.Runtime
+	onExit func(runtime.Exit)
+}
+
+func (d *dyingRuntime) OnExit(f func(runtime.Exit)) { d.onExit = f }
+
+func (d *dyingRuntime) Pause(ctx context.Context, spec runtime.Spec) error {
+	if err := d.Runtime.Pause(ctx, spec); err != nil {
+		return err
+	}
+	if err := d.Runtime.Delete(ctx, spec); err != nil { // gone from the host
+		return err
+	}
+	d.onExit(runtime.Exit{SandboxID: spec.SandboxID, Reason: "killed", Message: "killed from outside"})
+	return nil
+}
+
+// A sandbox whose process dies during an operation that does not see the
+// death (it came after the runtime's part: a fork's source killed while its
+// copies start, found by the runtime-kill suite) is not left shown as the
+// operation left it: once the operation is recorded, the runtime is asked
+// again, and the sandbox is failed with the death's reason.
+func TestDeathDuringAnOperationFailsTheSandboxAfterItFaultInjected(t *testing.T) {
+	w := newWorldWith(t, t.TempDir(), fakeruntime.Config{}, func(c *lifecycle.Config) {
+		c.Runtimes = []runtime.Runtime{&dyingRuntime{Runtime: c.Runtimes[0].(*fakeruntime.Runtime)}}
+	})
+	ctx := context.Background()
+	sb := create(t, w)
+	op, err := w.eng.Pause(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("pause = %+v", got)
+	}
+	var got *sandbox.Sandbox
+	if !eventually(5*time.Second, func() bool {
+		got, err = w.eng.Get(ctx, sb.ID)
+		return err == nil && got.State == sandbox.Failed
+	}) {
+		t.Fatalf("the dead sandbox is %s (%v), want failed", got.State, err)
+	}
+	if got.Error == nil || got.Error.Code != "killed" {
+		t.Fatalf("failed with %+v, want the death's reason", got.Error)
+	}
+}
+
+// lostRuntime is the FAKE runtime whose sandboxes are killed during a
+// snapshot's save (FAULT INJECTED): the save fails and the sandbox is gone.
+type lostRuntime struct{ *fakeruntime.Runtime }
+
+func (l *lostRuntime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) error {
+	l.Runtime.Delete(ctx, spec)
+	return errors.New("checkpoint: the sandbox's process was killed")
+}
+
+// A snapshot whose source dies during the save fails, and so does its
+// source, with a reason (it was failed without one).
+func TestSourceLostDuringASnapshotFailsWithAReasonFaultInjected(t *testing.T) {
+	w := newWorldWith(t, t.TempDir(), fakeruntime.Config{}, func(c *lifecycle.Config) {
+		c.Runtimes = []runtime.Runtime{&lostRuntime{Runtime: c.Runtimes[0].(*fakeruntime.Runtime)}}
+	})
+	ctx := context.Background()
+	sb := create(t, w)
+	op, _, err := w.eng.CreateSnapshot(ctx, sb.ID, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpFailed {
+		t.Fatalf("snapshot = %+v", got)
+	}
+	got, err := w.eng.Get(ctx, sb.ID)
+	if err != nil || got.State != sandbox.Failed || got.Error == nil || got.Error.Code == "" {
+		t.Fatalf("the lost source: %+v %v, want failed with a reason", got, err)
+	}
+}
