@@ -296,6 +296,30 @@ func (r *Runtime) kill(id string) bool {
 	return r.isSandboxProcess(pid, id) && syscall.Kill(pid, syscall.SIGKILL) == nil
 }
 
+// killStrays ends what is left of a sandbox's host processes that runsc no
+// longer knows of: a gofer or sandbox process whose `runsc restore` or
+// `runsc run` was killed before runsc recorded them (their command names
+// the sandbox as its last argument).
+func killStrays(id string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(args) < 2 || args[len(args)-1] != id {
+			continue
+		}
+		if name := filepath.Base(args[0]); name != "runsc-gofer" && name != "runsc-sandbox" {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
 // deleteLater runs `runsc delete --force` on a killed sandbox in the
 // background; settle waits for it.
 func (r *Runtime) deleteLater(ctx context.Context, spec runtime.Spec) {
@@ -560,7 +584,9 @@ func directIO(dir string) bool {
 }
 
 // Restore brings a suspended sandbox back from spec.SnapshotDir.
-func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
+// One that fails leaves nothing of its attempt running: the sandbox is
+// still suspended, and its image intact.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) (err error) {
 	id := spec.SandboxID
 	t0 := time.Now()
 	if err := r.awaitEarlierRunsc(ctx, id); err != nil {
@@ -588,7 +614,17 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) error {
 	if _, err := r.endpoint(id); err != nil {
 		return err
 	}
-	err := r.restore(ctx, spec, gdir, r.pidPath(id))
+	err = r.restore(ctx, spec, gdir, r.pidPath(id))
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			// Suspended still: nothing of this attempt runs on.
+			bk := context.WithoutCancel(ctx)
+			if st, serr := r.state(bk, spec); serr == nil && st != nil {
+				r.runsc(bk, spec, "delete", "--force", id)
+			}
+			killStrays(id)
+		}
+	}()
 	if err != nil {
 		// Only now look closer: restored already (a retry), or a stale
 		// container of the same id in the way.
@@ -639,8 +675,14 @@ func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 			return err
 		}
 	}
+	killStrays(id)
 	var errs []error
-	for _, d := range []string{r.sandboxDir(id), r.socketDir(id), spec.SnapshotDir} {
+	dirs := []string{r.sandboxDir(id), r.socketDir(id), spec.SnapshotDir}
+	// What a sandbox process killed from outside leaves in runsc's root,
+	// which runsc's delete does not remove: its control socket and its
+	// lock files (the root holds nothing of it any more that runsc reads).
+	left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"))
+	for _, d := range append(dirs, left...) {
 		if d == "" {
 			continue
 		}
