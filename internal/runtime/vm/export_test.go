@@ -27,3 +27,9 @@ func (r *Runtime) LoadStoppedFaultInjection(ctx context.Context, spec runtime.Sp
 	}
 	return err
 }
+
+// WaitAgent is waitAgent, for the test of a VM killed before the wait.
+func (r *Runtime) WaitAgent(ctx context.Context, id string) error { return r.waitAgent(ctx, id) }
+
+// QEMUPID is the sandbox's QEMU process (0: none).
+func (r *Runtime) QEMUPID(id string) int { return r.qemuPID(id) }

@@ -4,13 +4,16 @@ package vm_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/runtimetest"
@@ -221,5 +224,31 @@ func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
 		if _, err := os.Stat(hold); !os.IsNotExist(err) {
 			t.Fatalf("the hold mark is left: %v", err)
 		}
+	}
+}
+
+// A VM whose QEMU is killed just before its agent is waited for (a fork's
+// source killed between its `cont` and the wait: found by the runtime-kill
+// suite) fails the wait at once with the host's end. It used to wait for
+// the operation's whole context, as long as minutes.
+func TestWaitAgentOfAKilledVMFaultInjection(t *testing.T) {
+	r, _, spec := startTestVM(t)
+	pid := r.QEMUPID(spec.SandboxID)
+	if pid == 0 {
+		t.Fatal("no QEMU runs for the sandbox")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; r.QEMUPID(spec.SandboxID) != 0; i++ {
+		if i > 500 {
+			t.Fatal("QEMU is still there 5 s after SIGKILL")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := r.WaitAgent(ctx, spec.SandboxID); !errors.Is(err, agentclient.ErrHostEnded) {
+		t.Fatalf("wait for the agent of a killed VM: %v, want ErrHostEnded", err)
 	}
 }

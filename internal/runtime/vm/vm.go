@@ -395,16 +395,11 @@ func (r *Runtime) endpoint(id string) (*agentclient.Endpoint, error) { return r.
 
 func (r *Runtime) closeEndpoint(id string) { r.endpoints.Close(id) }
 
-// waitAgent waits until the agent answers, or until the VM's QEMU ends
-// (when one runs for it: then it fails at once, not at ctx's end).
+// waitAgent waits until the agent answers, or until the VM's QEMU ends:
+// then it fails at once, not at ctx's end (as it does when no QEMU runs
+// for the sandbox any more: a VM killed before the wait began).
 func (r *Runtime) waitAgent(ctx context.Context, id string) error {
-	wait := r.endpoints.Wait
-	if r.qemuPID(id) != 0 {
-		wait = func(ctx context.Context, id string) error {
-			return r.endpoints.WaitAlive(ctx, id, func() bool { return r.qemuPID(id) != 0 })
-		}
-	}
-	if err := wait(ctx, id); err != nil {
+	if err := r.endpoints.WaitAlive(ctx, id, func() bool { return r.qemuPID(id) != 0 }); err != nil {
 		b, _ := os.ReadFile(filepath.Join(r.sandboxDir(id), "console.log"))
 		return fmt.Errorf("%w (console: %s)", err, lastLine(string(b)))
 	}
