@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -148,19 +146,6 @@ func testDeadSandboxIsFailed(t *testing.T, rt string) {
 	}
 }
 
-// faultIterations is how many server kills the fault-injection suite makes
-// on rt (SPACE_FAULT_ITERATIONS overrides; the vm runtime runs under TCG here,
-// where every step takes seconds).
-func faultIterations(rt string) int {
-	if v, err := strconv.Atoi(os.Getenv("SPACE_FAULT_ITERATIONS")); err == nil && v > 0 {
-		return v
-	}
-	if rt == "vm" {
-		return 25
-	}
-	return 100
-}
-
 // The fault-injection suite (#14 item 2 and its standing test): the server
 // is SIGKILLed at a random instant (seeded, printed) of a random create,
 // pause, suspend, wake, delete, fork, snapshot or create from a snapshot,
@@ -171,78 +156,14 @@ func faultIterations(rt string) int {
 // the host.
 func testFaultInjection(t *testing.T, rt string) {
 	s := startRuntimeServer(t, rt)
-	seed := time.Now().UnixNano()
-	if v, err := strconv.ParseInt(os.Getenv("SPACE_FAULT_SEED"), 10, 64); err == nil {
-		seed = v
-	}
-	iterations := faultIterations(rt)
-	t.Logf("seed %d, %d iterations (SPACE_FAULT_SEED, SPACE_FAULT_ITERATIONS)", seed, iterations)
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	iterations := faultIterations(rt, 25, 100)
+	f := newFaultRig(t, s, rt, iterations)
 	ctx := context.Background()
 	c := func() *client.Client { return s.client() }
-	// A sandbox gets a file and a process that must outlive everything; a
-	// copy (fork, or from a snapshot) carries its source's.
-	mark := map[string]string{} // id → what its /root/mark says
-	prepare := func(id string) {
-		s.runCommand(id, map[string]any{"command": []string{"sh", "-c", "echo " + id + " > /root/mark"}})
-		sess := s.command(id, map[string]any{"command": []string{"sleep", "100000"}})
-		if st, _ := s.attach(sess.Attach.URL, sess.Attach.Token, ""); st != nil {
-			st.close()
-		}
-		mark[id] = id
-	}
-	snapshotOf := func(id string) (snap, opID string) {
-		sn, op, err := c().CreateSnapshot(ctx, id, "", "")
-		if err != nil {
-			t.Fatalf("snapshot %s: %v", id, err)
-		}
-		return sn.ID, op.ID
-	}
-	fromSnapshot := func(snap string) (id, opID string) {
-		out, _, err := c().CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: snap}, "")
-		if err != nil {
-			t.Fatalf("create from %s: %v", snap, err)
-		}
-		return out.Sandbox.ID, out.Operation.ID
-	}
-	// How long each step takes here: kills land within it.
-	span := map[string]time.Duration{}
-	timed := func(name string, f func()) {
-		start := time.Now()
-		f()
-		span[name] = max(time.Since(start)*5/4, 50*time.Millisecond)
-	}
-	var probe, probeFork, probeSnap, probeCopy string
-	timed("create", func() { probe = s.createRunning() })
-	timed("pause", func() { s.lifecycle(probe, "pause", "paused") })
-	timed("wake", func() { s.lifecycle(probe, "wake", "running") })
-	timed("fork", func() { probeFork = s.fork(t, probe, 1)[0] })
-	timed("snapshot", func() {
-		var op string
-		probeSnap, op = snapshotOf(probe)
-		s.waitOp(op)
-	})
-	timed("from-snapshot", func() {
-		var op string
-		probeCopy, op = fromSnapshot(probeSnap)
-		s.waitOp(op)
-	})
-	timed("suspend", func() { s.lifecycle(probe, "suspend", "suspended") })
-	timed("restore", func() { s.lifecycle(probe, "wake", "running") })
-	timed("delete", func() { s.lifecycle(probe, "delete", "deleted") })
-	for _, id := range []string{probeFork, probeCopy} {
-		s.lifecycle(id, "delete", "deleted")
-	}
-	if err := c().DeleteSnapshot(ctx, probeSnap); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("kill windows: %v", span)
+	f.measure()
 
-	all := map[string]bool{}    // every sandbox and snapshot ever made, for the leak check
 	live := map[string]string{} // id → state
-	type saved struct{ id, mark string }
-	var snaps []saved // ready snapshots, oldest first
-	var ids []string
+	var snaps []savedSnapshot   // ready snapshots, oldest first
 	lost, kills := 0, 0
 	actions := map[string]int{}
 	for i := 0; i < iterations; i++ {
@@ -251,92 +172,23 @@ func testFaultInjection(t *testing.T, rt string) {
 				delete(live, id)
 			}
 		}
-		ids = ids[:0]
-		for id := range live {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		action, id := "create", ""
-		if len(ids) >= 2 || (len(ids) > 0 && rng.IntN(3) > 0) {
-			id = ids[rng.IntN(len(ids))]
-			var choices []string
-			switch live[id] {
-			case "running":
-				choices = []string{"pause", "suspend", "delete", "snapshot"}
-			case "paused":
-				choices = []string{"wake", "suspend", "delete", "snapshot"}
-			case "suspended":
-				choices = []string{"wake", "wake", "delete"}
-			}
-			if len(ids) < 4 {
-				if live[id] != "suspended" {
-					choices = append(choices, "fork")
-				}
-				if len(snaps) > 0 {
-					choices = append(choices, "from-snapshot")
-				}
-			}
-			action = choices[rng.IntN(len(choices))]
-		} else if len(snaps) > 0 && rng.IntN(2) == 0 {
-			action = "from-snapshot"
-		}
+		action, id := f.choose(live, snaps)
 		actions[action]++
-		var opID, snap, from string
-		var forks []string
-		window := span[action]
-		switch action {
-		case "create":
-			out, _, err := c().CreateSandbox(ctx, client.CreateSandboxRequest{Template: s.template}, "")
-			if err != nil {
-				t.Fatalf("iteration %d: create: %v", i, err)
-			}
-			id, opID = out.Sandbox.ID, out.Operation.ID
-			all[id] = true
-		case "from-snapshot":
-			sn := snaps[rng.IntN(len(snaps))]
-			id, opID = fromSnapshot(sn.id)
-			mark[id], from = sn.mark, sn.id
-			all[id] = true
-		case "snapshot":
-			snap, opID = snapshotOf(id)
-			all[snap] = true
-		case "fork":
-			count := 1
-			if rt != "vm" { // (two TCG guests more would crowd the host)
-				count += rng.IntN(2)
-			}
-			op, sbs, _, err := c().Fork(ctx, id, count, "")
-			if err != nil {
-				t.Fatalf("iteration %d: fork %s: %v", i, id, err)
-			}
-			opID = op.ID
-			for _, f := range sbs {
-				forks = append(forks, f.ID)
-				all[f.ID] = true
-			}
-		default:
-			if action == "wake" && live[id] == "suspended" {
-				window = span["restore"]
-			}
-			op, _, err := c().Lifecycle(ctx, action, id, "")
-			if err != nil {
-				t.Fatalf("iteration %d: %s %s (%s): %v", i, action, id, live[id], err)
-			}
-			opID = op.ID
-		}
-		d := time.Duration(rng.Int64N(int64(window)))
+		step := f.begin(i, action, id, live[id], snaps)
+		id = step.id
+		d := time.Duration(f.rng.Int64N(int64(step.window)))
 		time.Sleep(d)
 		s.kill()
 		kills++
 		s.start()
-		op := s.waitOp(opID)
+		op := s.waitOp(step.opID)
 		sb, err := c().GetSandbox(ctx, id)
 		if err != nil {
 			t.Fatalf("iteration %d: %s: %v", i, id, err)
 		}
 		what := fmt.Sprintf("iteration %d: %s of %s killed after %v", i, action, id, d)
-		if from != "" {
-			what += " (from " + from + ")"
+		if step.from != "" {
+			what += " (from " + step.from + ")"
 		}
 		if sb.State == "failed" || op.State != "succeeded" {
 			lost++
@@ -344,9 +196,9 @@ func testFaultInjection(t *testing.T, rt string) {
 			if sb.State != "deleted" { // it still must leave nothing behind
 				live[id] = sb.State
 			}
-			for _, f := range forks {
-				if fsb, err := c().GetSandbox(ctx, f); err == nil && fsb.State != "deleted" {
-					live[f] = fsb.State
+			for _, fk := range step.forks {
+				if fsb, err := c().GetSandbox(ctx, fk); err == nil && fsb.State != "deleted" {
+					live[fk] = fsb.State
 				}
 			}
 			continue
@@ -357,86 +209,30 @@ func testFaultInjection(t *testing.T, rt string) {
 			t.Errorf("%s: the source is %s, was %s", what, sb.State, live[id])
 		}
 		live[id] = sb.State
-		for _, f := range forks {
-			fsb, err := c().GetSandbox(ctx, f)
+		for _, fk := range step.forks {
+			fsb, err := c().GetSandbox(ctx, fk)
 			if err != nil || fsb.State != "running" {
 				lost++
-				t.Errorf("%s: fork %s: %v %+v", what, f, err, fsb)
+				t.Errorf("%s: fork %s: %v %+v", what, fk, err, fsb)
 			}
 			if err == nil {
-				live[f], mark[f] = fsb.State, mark[id]
+				live[fk], f.mark[fk] = fsb.State, f.mark[id]
 			}
 		}
 		switch action {
 		case "create":
-			prepare(id)
+			f.prepare(id)
 		case "snapshot":
-			if got, err := c().GetSnapshot(ctx, snap); err != nil || got.State != "ready" {
+			if got, err := c().GetSnapshot(ctx, step.snap); err != nil || got.State != "ready" {
 				lost++
-				t.Errorf("%s: snapshot %s: %v %+v", what, snap, err, got)
+				t.Errorf("%s: snapshot %s: %v %+v", what, step.snap, err, got)
 				continue
 			}
-			snaps = append(snaps, saved{snap, mark[id]})
-			if len(snaps) > 2 { // (their disk)
-				if err := c().DeleteSnapshot(ctx, snaps[0].id); err != nil {
-					t.Fatalf("delete snapshot %s: %v", snaps[0].id, err)
-				}
-				snaps = snaps[1:]
-			}
+			snaps = f.keepSnapshot(snaps, savedSnapshot{step.snap, f.mark[id]})
 		}
 	}
 	t.Logf("fault injection on %s: %d iterations %v, %d server kills, %d sandboxes lost", rt, iterations, actions, kills, lost)
-	// Every sandbox that is left still has its file and its process.
-	for id, st := range live {
-		if st == "deleted" { // the last iteration's delete
-			continue
-		}
-		if st == "failed" {
-			s.lifecycle(id, "delete", "deleted")
-			continue
-		}
-		if st != "running" {
-			s.lifecycle(id, "wake", "running")
-		}
-		tr, _ := s.runCommand(id, map[string]any{"command": []string{"sh", "-c", "cat /root/mark; ps | grep -c '[s]leep 100000'"}})
-		if string(tr.stdout) != mark[id]+"\n1\n" {
-			t.Errorf("%s lost its file or process: %q %q (want mark %s)", id, tr.stdout, tr.stderr, mark[id])
-		}
-		s.lifecycle(id, "delete", "deleted")
-	}
-	for _, sn := range snaps {
-		if err := c().DeleteSnapshot(ctx, sn.id); err != nil {
-			t.Errorf("delete snapshot %s: %v", sn.id, err)
-		}
-	}
-	// What a kill left of finished forks and deleted images goes at the
-	// next start: the snapshot directory is then empty.
-	s.kill()
-	s.start()
-	if left, _ := os.ReadDir(filepath.Join(s.dataDir, "snapshots")); len(left) > 0 {
-		var names []string
-		for _, e := range left {
-			names = append(names, e.Name())
-		}
-		t.Errorf("left in the snapshot directory after a restart: %v", names)
-	}
-	// Nothing of any sandbox or snapshot is left: processes, mounts, files.
-	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	for id := range all {
-		if p := sandboxProcesses(id); len(p) > 0 {
-			t.Errorf("%s: processes left: %v", id, p)
-		}
-		if bytes.Contains(mounts, []byte(id)) {
-			t.Errorf("%s: a mount is left", id)
-		}
-		filepath.Walk(s.dataDir, func(p string, fi os.FileInfo, err error) error {
-			if strings.Contains(p, id) {
-				t.Errorf("%s: %s is left", id, p)
-				return filepath.SkipDir
-			}
-			return nil
-		})
-	}
+	f.finish(live, snaps)
 }
 
 // A suspend that fails — the snapshot directory's file system is full —

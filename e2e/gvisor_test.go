@@ -42,6 +42,7 @@ func TestRealRuntimes(t *testing.T) {
 		{"BenchQuick", testBenchQuick},
 		{"DeadSandboxIsFailed", testDeadSandboxIsFailed},
 		{"FaultInjection", testFaultInjection},
+		{"RuntimeKills", testRuntimeKills},
 		{"FailedSuspendKeepsRunning", testFailedSuspendKeepsRunning},
 		{"CommandsSeeTheSandboxVCPUs", testCommandsSeeTheSandboxVCPUs},
 	})
