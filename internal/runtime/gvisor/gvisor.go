@@ -342,6 +342,16 @@ func (r *Runtime) state(ctx context.Context, spec runtime.Spec) (*containerState
 		if strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not exist") {
 			return nil, nil
 		}
+		if strings.Contains(err.Error(), "reading container metadata file") {
+			// A runsc killed as it wrote the container's record (it
+			// writes it in place) left it torn: runsc can neither run,
+			// save nor delete that container any more. What runs of it
+			// is ended, its death reported, and the record removed: the
+			// container is gone.
+			r.log.Warn("gvisor: runsc's record of the container is torn; ending what runs of it", "sandbox_id", spec.SandboxID, "err", err)
+			r.forgetContainer(spec.SandboxID)
+			return nil, nil
+		}
 		return nil, err
 	}
 	var st containerState

@@ -299,8 +299,8 @@ func (r *Runtime) kill(id string) bool {
 // killStrays ends what is left of a sandbox's host processes that runsc no
 // longer knows of: a gofer or sandbox process whose `runsc restore` or
 // `runsc run` was killed before runsc recorded them (their command names
-// the sandbox as its last argument).
-func killStrays(id string) {
+// the sandbox as its last argument). It returns the processes it killed.
+func killStrays(id string) (killed []int) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -314,10 +314,11 @@ func killStrays(id string) {
 		if name := filepath.Base(args[0]); name != "runsc-gofer" && name != "runsc-sandbox" {
 			continue
 		}
-		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
-			syscall.Kill(pid, syscall.SIGKILL)
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			killed = append(killed, pid)
 		}
 	}
+	return killed
 }
 
 // deleteLater runs `runsc delete --force` on a killed sandbox in the
@@ -675,19 +676,40 @@ func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 			return err
 		}
 	}
-	killStrays(id)
-	var errs []error
-	dirs := []string{r.sandboxDir(id), r.socketDir(id), spec.SnapshotDir}
-	// What a sandbox process killed from outside leaves in runsc's root,
-	// which runsc's delete does not remove: its control socket and its
-	// lock files (the root holds nothing of it any more that runsc reads).
-	left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"))
-	for _, d := range append(dirs, left...) {
+	errs := []error{r.forgetContainer(id)}
+	for _, d := range []string{r.sandboxDir(id), r.socketDir(id), spec.SnapshotDir} {
 		if d == "" {
 			continue
 		}
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forgetContainer ends what still runs of a container runsc no longer
+// manages (killStrays) and removes what runsc's root holds of it: what a
+// sandbox process killed from outside leaves there, which runsc's delete
+// does not remove (its control socket and lock files), or a record a
+// killed runsc left torn.
+func (r *Runtime) forgetContainer(id string) error {
+	for _, pid := range killStrays(id) {
+		waitGone(context.Background(), pid, 5*time.Second)
+	}
+	left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"))
+	var errs []error
+	for _, p := range left {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Its cgroup, which runsc's delete would have removed (v1: one per
+	// controller; v2: one), once its processes are gone.
+	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", id))
+	for _, cg := range append(v1, filepath.Join("/sys/fs/cgroup/space", id)) {
+		if err := os.Remove(cg); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
 		}
 	}
 	return errors.Join(errs...)

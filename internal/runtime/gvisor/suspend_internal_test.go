@@ -248,3 +248,29 @@ exit $rc
 	}
 	expectKept(ctx, t, r, spec)
 }
+
+// A runsc killed as it wrote a container's record (FAULT INJECTED: the
+// record is emptied by hand, as a kill in the middle of runsc's in-place
+// write leaves it; found by the runtime-kill suite) leaves a container runsc
+// can neither save nor delete: `runsc state` fails for good. The sandbox is
+// then reported absent, and deleting it ends its processes and leaves
+// nothing of it on the host. It used to fail every delete.
+func TestTornRunscRecordFaultInjection(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, _ := started(ctx, t, r, newSpec)
+	id := spec.SandboxID
+	record := filepath.Join(r.cfg.Dir, "runsc", id+"_sandbox:"+id+".state")
+	if err := os.Truncate(record, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusAbsent {
+		t.Fatalf("a container with a torn record: %v %v, want absent", st, err)
+	}
+	if err := r.Delete(ctx, spec); err != nil {
+		t.Fatalf("delete a container with a torn record: %v", err)
+	}
+	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
+}
