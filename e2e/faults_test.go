@@ -443,12 +443,14 @@ func (f *faultRig) settle(what, id string) string {
 		}
 		r := f.s.do("POST", "/v1/sandboxes/"+id+"/commands", f.s.token, []byte(`{"command":["sh","-c","cat /root/mark; ps | grep -c '[s]leep 100000'"]}`))
 		if r.status != 201 {
-			// Refused: it may have died just now (its processes were
-			// still ending when it was read); then it must be failed.
-			if cur, err := f.s.client().GetSandbox(ctx, id); err == nil && cur.State == "failed" && r.status == 409 {
+			// Refused: it may have died just now (killed after its step
+			// ended, its processes still ending when it was read, or its
+			// agent's connection cut during the call); then it must be
+			// failed within seconds.
+			if f.failsSoon(id) {
 				return f.settle(what, id)
 			}
-			t.Errorf("%s: %s is running, and a command on it is answered %d %s", what, id, r.status, r.body)
+			t.Errorf("%s: %s is running, and a command on it is answered %d %s; the server's log of it:\n%s", what, id, r.status, r.body, f.logOf(id))
 			break
 		}
 		var sess session
@@ -461,13 +463,23 @@ func (f *faultRig) settle(what, id string) string {
 		tr := &transcript{}
 		collect(t, st, tr, nil)
 		if string(tr.stdout) != want+"\n1\n" {
-			if cur, err := f.s.client().GetSandbox(ctx, id); err == nil && cur.State == "failed" {
+			if f.failsSoon(id) {
 				return f.settle(what, id)
 			}
 			t.Errorf("%s: %s runs without its file or process: %q %q %v (want mark %s)", what, id, tr.stdout, tr.stderr, tr.events, want)
 		}
 	}
 	return sb.State
+}
+
+// failsSoon reports whether sandbox id is failed within ten seconds.
+func (f *faultRig) failsSoon(id string) bool {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if sb, err := f.s.client().GetSandbox(context.Background(), id); err == nil && sb.State == "failed" {
+			return true
+		}
+	}
+	return false
 }
 
 // logOf is the last lines of the server's log that name id.
