@@ -219,7 +219,7 @@ func (f *faultRig) keepSnapshot(snaps []savedSnapshot, sn savedSnapshot) []saved
 // process, deletes them and the snapshots, and then that nothing of any
 // is left on the host: after a restart the snapshot directory is empty
 // (what a kill left of finished forks and deleted images goes at start),
-// and no process, mount or file names any of them.
+// and no process, mount, cgroup or file names any of them.
 func (f *faultRig) finish(live map[string]string, snaps []savedSnapshot) {
 	s, t, ctx := f.s, f.t, context.Background()
 	for id, st := range live {
@@ -259,6 +259,12 @@ func (f *faultRig) finish(live map[string]string, snaps []savedSnapshot) {
 		}
 		if bytes.Contains(mounts, []byte(id)) {
 			t.Errorf("%s: a mount is left", id)
+		}
+		if cg, _ := filepath.Glob("/sys/fs/cgroup/*/*/" + id); len(cg) > 0 {
+			t.Errorf("%s: cgroups are left: %v", id, cg)
+		}
+		if cg, _ := filepath.Glob("/sys/fs/cgroup/*/" + id); len(cg) > 0 {
+			t.Errorf("%s: cgroups are left: %v", id, cg)
 		}
 		filepath.Walk(s.dataDir, func(p string, fi os.FileInfo, err error) error {
 			if strings.Contains(p, id) {
