@@ -619,11 +619,8 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec) (err error) {
 	defer func() {
 		if err != nil && ctx.Err() == nil {
 			// Suspended still: nothing of this attempt runs on.
-			bk := context.WithoutCancel(ctx)
-			if st, serr := r.state(bk, spec); serr == nil && st != nil {
-				r.runsc(bk, spec, "delete", "--force", id)
-			}
-			killStrays(id)
+			r.deleteContainer(context.WithoutCancel(ctx), spec)
+			r.forgetContainer(id)
 		}
 	}()
 	if err != nil {
@@ -666,15 +663,8 @@ func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 	r.earlierChecked.Delete(id)
 	r.prepared.Delete(id)
 	r.closeEndpoint(id)
-	if st, err := r.state(ctx, spec); err != nil {
+	if err := r.deleteContainer(ctx, spec); err != nil {
 		return err
-	} else if st != nil {
-		if st.Status != "stopped" {
-			r.runsc(ctx, spec, "kill", "--all", id, "KILL")
-		}
-		if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
-			return err
-		}
 	}
 	errs := []error{r.forgetContainer(id)}
 	for _, d := range []string{r.sandboxDir(id), r.socketDir(id), spec.SnapshotDir} {
@@ -686,6 +676,23 @@ func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// deleteContainer ends and deletes the sandbox's container as far as runsc
+// knows of it; forgetContainer removes the rest.
+func (r *Runtime) deleteContainer(ctx context.Context, spec runtime.Spec) error {
+	id := spec.SandboxID
+	st, err := r.state(ctx, spec)
+	if err != nil || st == nil {
+		return err
+	}
+	if st.Status != "stopped" {
+		r.runsc(ctx, spec, "kill", "--all", id, "KILL")
+	}
+	if _, err := r.runsc(ctx, spec, "delete", "--force", id); err != nil && !notExist(err) {
+		return err
+	}
+	return nil
 }
 
 // forgetContainer ends what still runs of a container runsc no longer
