@@ -490,12 +490,7 @@ func (f *faultRig) failsSoon(id string) bool {
 
 // logOf is the last lines of the server's log that name id.
 func (f *faultRig) logOf(id string) string {
-	var lines []string
-	for _, l := range strings.Split(f.s.log(), "\n") {
-		if strings.Contains(l, id) {
-			lines = append(lines, l)
-		}
-	}
+	lines := strings.Split(grepLines(f.s.log(), id), "\n")
 	return strings.Join(lines[max(0, len(lines)-12):], "\n")
 }
 
