@@ -32,6 +32,29 @@ func sandboxProcesses(id string) []int {
 	return pids
 }
 
+// killProcesses SIGKILLs pids and waits (up to five seconds) until each has
+// died: gone, or a zombie. A process is still listed while the kernel tears
+// it down, and a sandbox read in that instant looks alive with its
+// processes — only to be failed a moment later.
+func killProcesses(pids []int) {
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		alive := false
+		for _, pid := range pids {
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			// The state follows the command's closing parenthesis.
+			if i := bytes.LastIndexByte(st, ')'); err == nil && i+2 < len(st) && st[i+2] != 'Z' && st[i+2] != 'X' {
+				alive = true
+			}
+		}
+		if !alive {
+			return
+		}
+	}
+}
+
 // waitFailed polls a sandbox until it is failed and returns its error code.
 func (s *server) waitFailed(id string) string {
 	s.t.Helper()
@@ -70,9 +93,7 @@ func testDeadSandboxIsFailed(t *testing.T, rt string) {
 	if len(pids) == 0 {
 		t.Fatalf("no host process names %s", victim)
 	}
-	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
+	killProcesses(pids)
 	if code := s.waitFailed(victim); code != "killed" {
 		t.Fatalf("reason = %q, want killed", code)
 	}

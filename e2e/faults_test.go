@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -29,6 +30,9 @@ type faultRig struct {
 	mark map[string]string        // sandbox → what its /root/mark says
 	all  map[string]bool          // every sandbox and snapshot made, for the leak check
 	span map[string]time.Duration // step → how long it took, with a margin
+	// killsRuntimes is set where the sandboxes' own processes are killed:
+	// a sandbox may then die after the step that cut it settled.
+	killsRuntimes bool
 }
 
 // newFaultRig seeds the rig from the time, or from SPACE_FAULT_SEED, and
@@ -174,14 +178,23 @@ func (f *faultRig) begin(i int, action, id, state string, snaps []savedSnapshot)
 		st.id, st.opID = f.fromSnapshot(sn.id)
 		f.mark[st.id], st.from = sn.mark, sn.id
 	case "snapshot":
-		st.snap, st.opID = f.snapshotOf(id)
+		sn, op, err := c.CreateSnapshot(ctx, id, "", "")
+		if f.diedSince(i, id, state, err) {
+			return faultStep{action: action, id: id}
+		} else if err != nil {
+			f.t.Fatalf("iteration %d: snapshot %s: %v", i, id, err)
+		}
+		f.all[sn.ID] = true
+		st.snap, st.opID = sn.ID, op.ID
 	case "fork":
 		count := 1
 		if f.rt != "vm" { // (two TCG guests more would crowd the host)
 			count += f.rng.IntN(2)
 		}
 		op, sbs, _, err := c.Fork(ctx, id, count, "")
-		if err != nil {
+		if f.diedSince(i, id, state, err) {
+			return faultStep{action: action, id: id}
+		} else if err != nil {
 			f.t.Fatalf("iteration %d: fork %s: %v", i, id, err)
 		}
 		st.opID = op.ID
@@ -194,12 +207,47 @@ func (f *faultRig) begin(i int, action, id, state string, snaps []savedSnapshot)
 			st.window = f.span["restore"]
 		}
 		op, _, err := c.Lifecycle(ctx, action, id, "")
-		if err != nil {
+		if f.diedSince(i, id, state, err) {
+			return faultStep{action: action, id: id}
+		} else if err != nil {
 			f.t.Fatalf("iteration %d: %s %s (%s): %v", i, action, id, state, err)
 		}
 		st.opID = op.ID
 	}
 	return st
+}
+
+// diedSince reports whether err refuses a step on sandbox id because the
+// sandbox was failed since the last step settled it (state). A sandbox
+// can die after its step: what a kill cut short may end it later. That is
+// the truth only if it has a reason and nothing of it runs. (Where only
+// the server is killed, no sandbox may die: the step fails the test.)
+func (f *faultRig) diedSince(i int, id, state string, err error) bool {
+	var ce *client.Error
+	return f.killsRuntimes && errors.As(err, &ce) && ce.Status == 409 && f.died(i, id, state)
+}
+
+// died reports whether sandbox id, shown state when its last step
+// settled, is failed now, and checks that this is the truth (i < 0: in the
+// end check).
+func (f *faultRig) died(i int, id, state string) bool {
+	sb, gerr := f.s.client().GetSandbox(context.Background(), id)
+	if gerr != nil || sb.State != "failed" {
+		return false
+	}
+	at := fmt.Sprintf("iteration %d", i)
+	if i < 0 {
+		at = "at the end"
+	}
+	if sb.Error == nil || sb.Error.Code == "" {
+		f.t.Errorf("%s: %s was %s and is failed without a reason", at, id, state)
+		return true
+	}
+	if p := sandboxProcesses(id); len(p) > 0 {
+		f.t.Errorf("%s: %s was %s and is failed with processes %s", at, id, state, describeProcesses(p))
+	}
+	f.t.Logf("%s: %s was %s after its last step and died since: %s", at, id, state, sb.Error.Message)
+	return true
 }
 
 // keepSnapshot adds a ready snapshot to snaps, deleting the oldest beyond
@@ -223,6 +271,9 @@ func (f *faultRig) keepSnapshot(snaps []savedSnapshot, sn savedSnapshot) []saved
 func (f *faultRig) finish(live map[string]string, snaps []savedSnapshot) {
 	s, t, ctx := f.s, f.t, context.Background()
 	for id, st := range live {
+		if f.killsRuntimes && st != "failed" && st != "deleted" && f.died(-1, id, st) {
+			st = "failed"
+		}
 		switch st {
 		case "deleted": // the last iteration's delete
 			continue
@@ -311,6 +362,7 @@ func testRuntimeKills(t *testing.T, rt string) {
 	s := startRuntimeServer(t, rt)
 	iterations := faultIterations(rt, 30, 100)
 	f := newFaultRig(t, s, rt, iterations)
+	f.killsRuntimes = true
 	ctx := context.Background()
 	f.measure()
 
@@ -333,15 +385,18 @@ func testRuntimeKills(t *testing.T, rt string) {
 		actions[action]++
 		was := live[id]
 		step := f.begin(i, action, id, was, snaps)
+		if step.opID == "" { // the sandbox died after its last step
+			s.lifecycle(id, "delete", "deleted")
+			delete(live, id)
+			continue
+		}
 		d := time.Duration(f.rng.Int64N(int64(step.window)))
 		time.Sleep(d)
 		// One step in four runs uncut, so that sandboxes get paused and
 		// suspended to be cut in their turn.
 		if pids := sandboxProcesses(step.id); len(pids) > 0 && f.rng.IntN(4) > 0 {
 			kills++
-			for _, pid := range pids {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
+			killProcesses(pids)
 		}
 		what := fmt.Sprintf("iteration %d: %s of %s (%s) cut after %v", i, action, step.id, was, d)
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
