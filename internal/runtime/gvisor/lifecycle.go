@@ -715,11 +715,27 @@ func (r *Runtime) forgetContainer(id string) error {
 	// controller; v2: one), once its processes are gone.
 	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", id))
 	for _, cg := range append(v1, filepath.Join("/sys/fs/cgroup/space", id)) {
-		if err := os.Remove(cg); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := removeCgroup(cg); err != nil {
 			errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeCgroup removes an empty cgroup directory; absent is success. A
+// killed sandbox's cgroup stays busy after its process is a zombie, until
+// its hundred-odd threads and its stub processes have ended (tens of ms):
+// that is waited for, up to two seconds, as runsc's delete does.
+func removeCgroup(dir string) error {
+	for end := time.Now().Add(2 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) || time.Now().After(end) {
+			return err
+		}
+	}
 }
 
 func notExist(err error) bool {

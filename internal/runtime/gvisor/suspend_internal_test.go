@@ -274,3 +274,39 @@ func TestTornRunscRecordFaultInjection(t *testing.T) {
 	}
 	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
 }
+
+// TestForgetAKilledSandboxAtOnceFaultInjection: a sandbox killed from
+// outside (kill(1) here; the OOM killer or an operator in production) is
+// forgotten the moment its process is a zombie, as a failed wake or a
+// delete that finds it so does. Its cgroup is still busy then, while its
+// threads end: it must be removed all the same, not left behind.
+func TestForgetAKilledSandboxAtOnceFaultInjection(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, c := started(ctx, t, r, newSpec)
+	id := spec.SandboxID
+	// Memory to give back makes the teardown long enough to see.
+	startShell(ctx, t, c, "fill", "head -c 150000000 /dev/zero > /tmp/fill && touch /tmp/filled")
+	for {
+		if _, _, err := c.ReadFile(ctx, "/tmp/filled", 0, 1); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the sandbox's memory was not filled")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.exits.Stop(id)
+	r.closeEndpoint(id)
+	if pid := r.pidOf(id); !r.kill(id) || !waitGone(ctx, pid, 10*time.Second) {
+		t.Fatalf("kill the sandbox's process %d", pid)
+	}
+	if err := r.forgetContainer(id); err != nil {
+		t.Fatalf("forget a killed sandbox: %v", err)
+	}
+	os.RemoveAll(r.sandboxDir(id))
+	os.RemoveAll(r.socketDir(id))
+	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
+}
