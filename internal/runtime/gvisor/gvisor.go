@@ -131,6 +131,11 @@ func New(cfg Config) (*Runtime, error) {
 	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir), redialSignal: syscall.SIGCONT, redialWait: 10 * time.Second}
 	// What an earlier server discarded but had not removed yet.
 	go os.RemoveAll(r.trashDir())
+	go func() {
+		if n := sweepCgroups(); n > 0 {
+			r.log.Info("gvisor: removed cgroups no sandbox runs in", "cgroups", n)
+		}
+	}()
 	var err error
 	if r.agentDigest, err = r.keepAgent(); err != nil {
 		return nil, err

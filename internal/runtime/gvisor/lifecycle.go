@@ -823,3 +823,25 @@ func (r *Runtime) roomToSave(spec runtime.Spec, dir, verb string) error {
 	}
 	return nil
 }
+
+// sweepCgroups removes, at start, the cgroups of gVisor sandboxes that
+// nothing runs in: what a delete before removeCgroup left, or a host crash
+// (suspended sandboxes hold none). Every server on the host shares the
+// "space" parent, and only an empty cgroup can be removed, so a sandbox
+// that runs, here or under another server, keeps its own; one made in the
+// last minute is kept too (a runsc may be about to join it). It returns
+// how many it removed.
+func sweepCgroups() int {
+	v1, _ := filepath.Glob("/sys/fs/cgroup/*/space/sbx_*")
+	v2, _ := filepath.Glob("/sys/fs/cgroup/space/sbx_*")
+	removed := 0
+	for _, cg := range append(v1, v2...) {
+		if fi, err := os.Stat(cg); err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < time.Minute {
+			continue
+		}
+		if os.Remove(cg) == nil {
+			removed++
+		}
+	}
+	return removed
+}

@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -309,4 +311,56 @@ func TestForgetAKilledSandboxAtOnceFaultInjection(t *testing.T) {
 	os.RemoveAll(r.sandboxDir(id))
 	os.RemoveAll(r.socketDir(id))
 	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
+}
+
+// The start's sweep removes a sandbox cgroup nothing runs in, and keeps
+// one a process is in and one just made. Real cgroups (v1 pids, or v2).
+func TestSweepCgroupsRemovesOnlyEmptyOldOnes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes cgroups")
+	}
+	parent := "/sys/fs/cgroup/pids/space"
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		parent = "/sys/fs/cgroup/space"
+	}
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		t.Skipf("no cgroup file system to make cgroups in: %v", err)
+	}
+	mk := func(age time.Duration) string {
+		cg := filepath.Join(parent, ids.New(ids.Sandbox))
+		if err := os.Mkdir(cg, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(cg) })
+		old := time.Now().Add(-age)
+		if err := os.Chtimes(cg, old, old); err != nil {
+			t.Fatal(err)
+		}
+		return cg
+	}
+	left, fresh, busy := mk(time.Hour), mk(0), mk(time.Hour)
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(busy, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n := sweepCgroups(); n < 1 {
+		t.Errorf("swept %d cgroups, want at least the empty old one", n)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an empty cgroup an hour old is kept: %v", err)
+	}
+	for _, cg := range []string{fresh, busy} {
+		if _, err := os.Stat(cg); err != nil {
+			t.Errorf("%s was removed: %v", cg, err)
+		}
+	}
+	// Out of the busy cgroup, so that it can go.
+	os.WriteFile(filepath.Join(filepath.Dir(parent), "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0o644)
 }
