@@ -33,3 +33,16 @@ func (r *Runtime) WaitAgent(ctx context.Context, id string) error { return r.wai
 
 // QEMUPID is the sandbox's QEMU process (0: none).
 func (r *Runtime) QEMUPID(id string) int { return r.qemuPID(id) }
+
+// StopFaultInjection stops the VM's vCPUs through QMP as a save does
+// before it writes the device state, leaving the save's marks alone (a
+// Pause settles them).
+func (r *Runtime) StopFaultInjection(ctx context.Context, id string) error {
+	q, err := r.qmp(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer q.close()
+	_, err = q.execute(ctx, "stop", nil)
+	return err
+}

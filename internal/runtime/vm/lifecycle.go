@@ -123,9 +123,10 @@ func (r *Runtime) Resume(ctx context.Context, spec runtime.Spec) error {
 
 // runState sends stop or cont unless the VM is already in want. A pause
 // or resume asked for now settles what an interrupted save was to restore
-// (Snapshot's hold-paused).
+// (Snapshot's hold-paused and save-running).
 func (r *Runtime) runState(ctx context.Context, spec runtime.Spec, cmd, want string) error {
 	os.Remove(filepath.Join(r.sandboxDir(spec.SandboxID), "hold-paused"))
+	os.Remove(filepath.Join(r.sandboxDir(spec.SandboxID), "save-running"))
 	q, err := r.qmp(ctx, spec.SandboxID)
 	if err != nil {
 		return fmt.Errorf("%s: %w", cmd, runtime.ErrNotFound)

@@ -171,23 +171,22 @@ var _ runtime.Snapshotter = (*Runtime)(nil)
 func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (err error) {
 	id := spec.SandboxID
 	// A paused source runs for the save (its agent must leave first) and
-	// is stopped again after. hold records that across a crash: a retry
-	// finds the VM running and must still leave it paused.
+	// is stopped again after; a running one is stopped for the save and
+	// runs on after. The marks record which across a crash: a retry may
+	// find a paused source running, and must still leave it paused, or a
+	// running one stopped, and must still let it run.
 	hold := filepath.Join(r.sandboxDir(id), "hold-paused")
-	_, herr := os.Stat(hold)
-	held := herr == nil
-	if _, err := os.Stat(dir); err == nil {
+	running := filepath.Join(r.sandboxDir(id), "save-running")
+	held, wasRunning := exists(hold), exists(running)
+	if exists(dir) {
 		// Saved already (a retry after a crash).
-		if held {
-			if q, err := r.qmp(ctx, id); err == nil {
-				_, err = q.execute(ctx, "stop", nil)
-				q.close()
-				if err != nil {
-					return fmt.Errorf("pause %s again after its save: %w", id, err)
-				}
+		if held || wasRunning {
+			if err := r.settleAfterSave(ctx, id, held); err != nil {
+				return err
 			}
-			os.Remove(hold)
 		}
+		os.Remove(hold)
+		os.Remove(running)
 		return nil
 	}
 	if r.qemuPID(id) == 0 {
@@ -200,14 +199,19 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	defer q.close()
 	if st, err := q.status(ctx); err != nil {
 		return fmt.Errorf("snapshot %s: %w", id, err)
-	} else if st == "paused" && !held {
-		if err := os.WriteFile(hold, nil, 0o600); err != nil {
+	} else if !held && !wasRunning {
+		mark := running
+		if st == "paused" {
+			mark, held = hold, true
+		} else {
+			wasRunning = true
+		}
+		if err := os.WriteFile(mark, nil, 0o600); err != nil {
 			return err
 		}
 		if err := fsync(r.sandboxDir(id)); err != nil {
 			return err
 		}
-		held = true
 	}
 	tmp := dir + ".tmp"
 	os.RemoveAll(tmp)
@@ -219,8 +223,11 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	if err != nil {
 		return err
 	}
-	if held {
+	switch {
+	case held:
 		was = "paused"
+	case wasRunning: // (stopped by a save a crash cut short)
+		was = "running"
 	}
 	t0 := time.Now()
 	err = r.copyStopped(ctx, q, id, tmp)
@@ -249,8 +256,9 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 	}
 	if was == "paused" {
 		q.execute(bk, "stop", nil)
-		os.Remove(hold)
 	}
+	os.Remove(hold)
+	os.Remove(running)
 	if err != nil {
 		if lowSpace(filepath.Dir(dir)) {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")
@@ -268,6 +276,41 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) (
 		return err
 	}
 	return fsync(filepath.Dir(dir))
+}
+
+// settleAfterSave leaves a VM whose save a crash cut short after it was
+// complete as it was before the save: paused (held), or running, with its
+// agent back.
+func (r *Runtime) settleAfterSave(ctx context.Context, id string, held bool) error {
+	q, err := r.qmp(ctx, id)
+	if err != nil {
+		return fmt.Errorf("settle %s after its save: %w", id, err)
+	}
+	defer q.close()
+	if held {
+		if _, err := q.execute(ctx, "stop", nil); err != nil {
+			return fmt.Errorf("pause %s again after its save: %w", id, err)
+		}
+		return nil
+	}
+	if st, err := q.status(ctx); err != nil {
+		return fmt.Errorf("settle %s after its save: %w", id, err)
+	} else if st == "running" {
+		return nil
+	}
+	if _, err := q.execute(ctx, "cont", nil); err != nil {
+		return fmt.Errorf("run %s on after its save: %w", id, err)
+	}
+	if _, err := r.endpoint(id); err == nil {
+		r.reconnectAgent(context.WithoutCancel(ctx), q, id)
+	}
+	return r.waitAgent(ctx, id)
+}
+
+// exists reports whether path exists.
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // copyStopped stops the VM, writes its device state into dir and copies

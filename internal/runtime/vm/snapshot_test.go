@@ -227,6 +227,44 @@ func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
 	}
 }
 
+// A running VM is stopped for a snapshot and runs on after. When a crash
+// cuts the save short while the VM is stopped, the save done again lets it
+// run on with its agent — whether the save itself was complete before the
+// cut or not. (It used to take the stopped VM for a paused source and keep
+// it paused: the CI's server-kill suite, seed 1796578847595620330.) The
+// cut's traces (the mark, the VM stopped) are made by hand
+// (FaultInjection).
+func TestSnapshotOfRunningCutShortFaultInjection(t *testing.T) {
+	r, dir, spec := startTestVM(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	mark := filepath.Join(dir, "sandboxes", spec.SandboxID, "save-running")
+	for _, saved := range []bool{false, true} {
+		if err := os.WriteFile(mark, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.StopFaultInjection(ctx, spec.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+		snap := filepath.Join(t.TempDir(), "snap")
+		if saved {
+			os.MkdirAll(snap, 0o700)
+		}
+		if err := r.Snapshot(ctx, spec, snap); err != nil {
+			t.Fatalf("snapshot again (saved before the cut: %v): %v", saved, err)
+		}
+		if st, err := r.Recover(ctx, spec); st != runtime.StatusRunning {
+			t.Fatalf("saved before the cut: %v: the source is %s (%v), want running", saved, st, err)
+		}
+		if err := r.WaitAgent(ctx, spec.SandboxID); err != nil {
+			t.Fatalf("saved before the cut: %v: the agent: %v", saved, err)
+		}
+		if _, err := os.Stat(mark); !os.IsNotExist(err) {
+			t.Fatalf("the mark is left: %v", err)
+		}
+	}
+}
+
 // A VM whose QEMU is killed just before its agent is waited for (a fork's
 // source killed between its `cont` and the wait: found by the runtime-kill
 // suite) fails the wait at once with the host's end. It used to wait for
