@@ -191,77 +191,56 @@ func TestWakeCutShortAfterLoadFaultInjection(t *testing.T) {
 	}
 }
 
-// A paused VM runs for a snapshot and is paused again after. When a crash
-// cuts the save short while the VM runs, the save done again still leaves
-// it paused — whether the save itself was complete before the cut or not.
-// The cut's traces (the hold mark, the VM running) are made by hand
-// (FaultInjection).
-func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
-	r, dir, spec := startTestVM(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	hold := filepath.Join(dir, "sandboxes", spec.SandboxID, "hold-paused")
-	for _, saved := range []bool{false, true} {
-		if err := r.Pause(ctx, spec); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Resume(ctx, spec); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(hold, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		snap := filepath.Join(t.TempDir(), "snap")
-		if saved {
-			os.MkdirAll(snap, 0o700)
-		}
-		if err := r.Snapshot(ctx, spec, snap); err != nil {
-			t.Fatalf("snapshot again (saved before the cut: %v): %v", saved, err)
-		}
-		if st, err := r.Recover(ctx, spec); st != runtime.StatusPaused {
-			t.Fatalf("saved before the cut: %v: the source is %s (%v), want paused", saved, st, err)
-		}
-		if _, err := os.Stat(hold); !os.IsNotExist(err) {
-			t.Fatalf("the hold mark is left: %v", err)
-		}
-	}
-}
-
-// A running VM is stopped for a snapshot and runs on after. When a crash
-// cuts the save short while the VM is stopped, the save done again lets it
-// run on with its agent — whether the save itself was complete before the
-// cut or not. (It used to take the stopped VM for a paused source and keep
-// it paused: the CI's server-kill suite, seed 1796578847595620330.) The
-// cut's traces (the mark, the VM stopped) are made by hand
-// (FaultInjection).
-func TestSnapshotOfRunningCutShortFaultInjection(t *testing.T) {
-	r, dir, spec := startTestVM(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	mark := filepath.Join(dir, "sandboxes", spec.SandboxID, "save-running")
-	for _, saved := range []bool{false, true} {
-		if err := os.WriteFile(mark, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.StopFaultInjection(ctx, spec.SandboxID); err != nil {
-			t.Fatal(err)
-		}
-		snap := filepath.Join(t.TempDir(), "snap")
-		if saved {
-			os.MkdirAll(snap, 0o700)
-		}
-		if err := r.Snapshot(ctx, spec, snap); err != nil {
-			t.Fatalf("snapshot again (saved before the cut: %v): %v", saved, err)
-		}
-		if st, err := r.Recover(ctx, spec); st != runtime.StatusRunning {
-			t.Fatalf("saved before the cut: %v: the source is %s (%v), want running", saved, st, err)
-		}
-		if err := r.WaitAgent(ctx, spec.SandboxID); err != nil {
-			t.Fatalf("saved before the cut: %v: the agent: %v", saved, err)
-		}
-		if _, err := os.Stat(mark); !os.IsNotExist(err) {
-			t.Fatalf("the mark is left: %v", err)
-		}
+// A save stops a VM and lets it go on as it was: a paused source runs for
+// the save (its agent leaves first) and is paused again after, a running
+// one is stopped for it and runs on. When a crash cuts the save short, the
+// save done again leaves the source as it was — whether the save itself
+// was complete before the cut or not. (A running source used to be taken
+// for a paused one and kept paused: the CI's server-kill suite, seed
+// 1796578847595620330.) The cut's traces — the save's mark, and the VM
+// running where a paused source's save left it, or stopped where a running
+// one's did — are made by hand (FaultInjection).
+func TestSnapshotCutShortFaultInjection(t *testing.T) {
+	for _, source := range []runtime.Status{runtime.StatusPaused, runtime.StatusRunning} {
+		t.Run(string(source), func(t *testing.T) {
+			r, dir, spec := startTestVM(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			mark := filepath.Join(dir, "sandboxes", spec.SandboxID, "hold-paused")
+			if source == runtime.StatusRunning {
+				mark = filepath.Join(dir, "sandboxes", spec.SandboxID, "save-running")
+			}
+			for _, saved := range []bool{false, true} {
+				cut := r.StopFaultInjection
+				if source == runtime.StatusPaused {
+					cut = func(ctx context.Context, _ string) error { return r.Resume(ctx, spec) }
+				}
+				if err := cut(ctx, spec.SandboxID); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(mark, nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				snap := filepath.Join(t.TempDir(), "snap")
+				if saved {
+					os.MkdirAll(snap, 0o700)
+				}
+				if err := r.Snapshot(ctx, spec, snap); err != nil {
+					t.Fatalf("snapshot again (saved before the cut: %v): %v", saved, err)
+				}
+				if st, err := r.Recover(ctx, spec); st != source {
+					t.Fatalf("saved before the cut: %v: the source is %s (%v), want %s", saved, st, err, source)
+				}
+				if source == runtime.StatusRunning {
+					if err := r.WaitAgent(ctx, spec.SandboxID); err != nil {
+						t.Fatalf("saved before the cut: %v: the agent: %v", saved, err)
+					}
+				}
+				if _, err := os.Stat(mark); !os.IsNotExist(err) {
+					t.Fatalf("the mark is left: %v", err)
+				}
+			}
+		})
 	}
 }
 
