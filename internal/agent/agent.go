@@ -74,6 +74,8 @@ type Agent struct {
 	cpuPrev cpuTimes   // /proc/stat at the previous metrics call
 
 	redials atomic.Bool // served by ServeUnix: said in the hello
+
+	trim *trimmer // returns free memory after a burst of traffic (trim.go)
 }
 
 // New returns an agent.
@@ -106,7 +108,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, log: cfg.Logger, fs: fs, reaper: newReaper(), writes: newWrites(), procs: map[string]*process{}}, nil
+	return &Agent{cfg: cfg, log: cfg.Logger, fs: fs, reaper: newReaper(), writes: newWrites(), procs: map[string]*process{}, trim: newTrimmer()}, nil
 }
 
 // Close stops the agent's background work (tests).

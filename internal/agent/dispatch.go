@@ -141,5 +141,7 @@ func (a *Agent) dispatch(ctx context.Context, c proto.Call, blob []byte) (any, [
 	if !ok {
 		return nil, nil, proto.Errorf(proto.CodeUnimplemented, "unknown method %q", c.Method)
 	}
-	return m(a, ctx, c.Params, blob)
+	res, out, err := m(a, ctx, c.Params, blob)
+	a.trim.carried(len(blob) + len(out))
+	return res, out, err
 }
