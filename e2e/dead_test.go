@@ -3,7 +3,10 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,6 +58,51 @@ func killProcesses(pids []int) {
 	}
 }
 
+// startUpload starts a PUT of a file to sandbox id whose body keeps coming
+// (a MiB at once, then more whenever the server reads) and returns how to
+// wait for its answer.
+func startUpload(t *testing.T, s *server, id, path string) func() reply {
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest("PUT", "http://"+s.apiAddr+"/v1/sandboxes/"+id+"/files?path="+path, pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	answered := make(chan reply, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- reply{status: -1, body: []byte(err.Error())}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answered <- reply{status: resp.StatusCode, header: resp.Header, body: b}
+	}()
+	chunk := make([]byte, 1<<20)
+	if _, err := pw.Write(chunk); err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	go func() {
+		for {
+			if _, err := pw.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	return func() reply {
+		select {
+		case r := <-answered:
+			pw.CloseWithError(errors.New("answered"))
+			return r
+		case <-time.After(time.Minute):
+			pw.CloseWithError(errors.New("no answer"))
+			t.Fatal("the upload got no answer in a minute")
+			return reply{}
+		}
+	}
+}
+
 // waitFailed polls a sandbox until it is failed and returns its error code.
 func (s *server) waitFailed(id string) string {
 	s.t.Helper()
@@ -93,12 +141,21 @@ func testDeadSandboxIsFailed(t *testing.T, rt string) {
 	if len(pids) == 0 {
 		t.Fatalf("no host process names %s", victim)
 	}
+	// A call in flight as the sandbox dies — an upload, its body still
+	// coming — is refused as on a sandbox that is not running, with its
+	// state, not with a 503 that a client would retry.
+	upload := startUpload(t, s, victim, "/root/big")
 	killProcesses(pids)
+	r := upload()
+	expectError(t, r, 409, "failed_precondition")
+	if !bytes.Contains(r.body, []byte(`"state":"failed"`)) {
+		t.Fatalf("the upload cut by the sandbox's death: %s, want its state failed", r.body)
+	}
 	if code := s.waitFailed(victim); code != "killed" {
 		t.Fatalf("reason = %q, want killed", code)
 	}
 	start := time.Now()
-	r := s.do("POST", "/v1/sandboxes/"+victim+"/commands", s.token, []byte(`{"command":["true"]}`))
+	r = s.do("POST", "/v1/sandboxes/"+victim+"/commands", s.token, []byte(`{"command":["true"]}`))
 	expectError(t, r, 409, "failed_precondition")
 	t.Logf("a command on the dead sandbox was refused in %v", time.Since(start))
 	m := s.do("GET", "/metrics", "", nil)

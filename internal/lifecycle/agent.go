@@ -31,8 +31,7 @@ func (e *Engine) agent(ctx context.Context, id string, touch bool) (*sandboxio.A
 		return nil, nil, err
 	}
 	if sb.State != sandbox.Running {
-		return nil, nil, errdefs.New(errdefs.FailedPrecondition, "sandbox %s is %s; only a running sandbox accepts commands and file calls", id, sb.State).
-			WithDetails(map[string]any{"state": string(sb.State)})
+		return nil, nil, notRunning(sb)
 	}
 	rt, ok := e.runtimes[sb.Runtime]
 	if !ok || !e.runsHere(sb.Node) {
@@ -45,7 +44,35 @@ func (e *Engine) agent(ctx context.Context, id string, touch bool) (*sandboxio.A
 	if err != nil {
 		return nil, nil, err
 	}
-	return sandboxio.Wrap(c), sb, nil
+	return sandboxio.Wrap(c).WhenLost(func(err error) error { return e.explainLost(id, err) }), sb, nil
+}
+
+// notRunning refuses a command or file call on sandbox sb, which is not
+// running: 409 with its state.
+func notRunning(sb *sandbox.Sandbox) error {
+	return errdefs.New(errdefs.FailedPrecondition, "sandbox %s is %s; only a running sandbox accepts commands and file calls", sb.ID, sb.State).
+		WithDetails(map[string]any{"state": string(sb.State)})
+}
+
+// explainLost answers a call whose agent connection went away (err, an
+// Unavailable): when the sandbox died, its exit watch fails it within
+// moments, and when an operation took it (a suspend, a delete) the sandbox
+// is already in it. Either way the call is refused as on a sandbox that is
+// not running, with its state, rather than with a 503 a client would retry.
+// A sandbox still running a second later keeps err.
+func (e *Engine) explainLost(id string, err error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for {
+		if sb, gerr := e.store.GetSandbox(ctx, id); gerr == nil && sb.State != sandbox.Running {
+			return notRunning(sb)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // waitAgent returns the agent of running sandbox sb: at once when it is
@@ -87,8 +114,7 @@ func (e *Engine) waitAgent(ctx context.Context, rt runtime.Runtime, sb *sandbox.
 	cancel()
 	<-watched
 	if left != nil && ctx.Err() == nil {
-		return nil, errdefs.New(errdefs.FailedPrecondition, "sandbox %s is %s; only a running sandbox accepts commands and file calls", sb.ID, left.State).
-			WithDetails(map[string]any{"state": string(left.State)})
+		return nil, notRunning(left)
 	}
 	return nil, errdefs.Wrap(errdefs.Unavailable, err, "the agent of sandbox %s is not answering", sb.ID)
 }

@@ -51,14 +51,14 @@ func entry(e proto.Entry) Entry { return Entry(e) }
 // Stat describes one path.
 func (a *Agent) Stat(ctx context.Context, path string) (Entry, error) {
 	e, err := a.c.Stat(ctx, path)
-	return entry(e), fail("stat", err)
+	return entry(e), a.fail("stat", err)
 }
 
 // List lists a directory to depth levels (1: its children).
 func (a *Agent) List(ctx context.Context, path string, depth int) (Listing, error) {
 	l, err := a.c.List(ctx, path, depth)
 	if err != nil {
-		return Listing{}, fail("list files", err)
+		return Listing{}, a.fail("list files", err)
 	}
 	out := Listing{Items: make([]Entry, 0, len(l.Items)), Truncated: l.Truncated}
 	for _, e := range l.Items {
@@ -88,7 +88,7 @@ func (f *File) Read(p []byte) (int, error) {
 func (a *Agent) Open(ctx context.Context, path string) (*File, error) {
 	r, err := a.c.OpenFile(ctx, path, chunk)
 	if err != nil {
-		return nil, fail("read file", err)
+		return nil, a.fail("read file", err)
 	}
 	return &File{Size: r.Size, r: r}, nil
 }
@@ -98,7 +98,7 @@ func (a *Agent) Open(ctx context.Context, path string) (*File, error) {
 func (a *Agent) ReadSmall(ctx context.Context, path string, max int) ([]byte, error) {
 	res, data, err := a.c.ReadFile(ctx, path, 0, max)
 	if err != nil {
-		return nil, fail("read file", err)
+		return nil, a.fail("read file", err)
 	}
 	if res.Size > int64(max) {
 		return nil, errdefs.New(errdefs.ResourceExhausted, "%s is larger than %d bytes", path, max)
@@ -144,14 +144,14 @@ func (a *Agent) WriteFile(ctx context.Context, w Write, data io.Reader) (Entry, 
 		if src.err != nil && !errors.As(err, &pe) && !errors.Is(err, agentclient.ErrClosed) {
 			return Entry{}, errdefs.Wrap(errdefs.InvalidArgument, src.err, "reading the request body failed")
 		}
-		return Entry{}, fail("write file", err)
+		return Entry{}, a.fail("write file", err)
 	}
 	return entry(e), nil
 }
 
 // Remove removes a path (a directory only with recursive).
 func (a *Agent) Remove(ctx context.Context, path string, recursive bool) error {
-	return fail("delete file", a.c.Remove(ctx, path, recursive))
+	return a.fail("delete file", a.c.Remove(ctx, path, recursive))
 }
 
 // Mkdir is a directory to make, with its parents.
@@ -164,11 +164,11 @@ type Mkdir struct {
 // MakeDir makes a directory and its missing parents.
 func (a *Agent) MakeDir(ctx context.Context, m Mkdir) (Entry, error) {
 	e, err := a.c.MkdirAs(ctx, proto.MkdirRequest{Path: m.Path, Mode: m.Mode, User: m.User})
-	return entry(e), fail("mkdir", err)
+	return entry(e), a.fail("mkdir", err)
 }
 
 // Move renames a path.
 func (a *Agent) Move(ctx context.Context, from, to string) (Entry, error) {
 	e, err := a.c.Move(ctx, from, to)
-	return entry(e), fail("move", err)
+	return entry(e), a.fail("move", err)
 }

@@ -30,12 +30,12 @@ func (a *Agent) Configure(ctx context.Context, id Identity) error {
 		cfg.Network = &proto.NetConfig{Address: id.Address.String(), Gateway: id.Gateway.String(), DNS: id.DNS.String()}
 	}
 	_, err := a.c.Configure(ctx, cfg, id.Entropy)
-	return fail("configure", err)
+	return a.fail("configure", err)
 }
 
 // Sync writes the sandbox's file systems to disk (before a suspend).
 func (a *Agent) Sync(ctx context.Context) error {
-	return fail("sync", a.c.Sync(ctx))
+	return a.fail("sync", a.c.Sync(ctx))
 }
 
 // Metrics is a sandbox's use of CPU, memory and disk as the sandbox itself
@@ -55,5 +55,5 @@ type Metrics struct {
 // is since the previous call by anyone: one sampler should call it.
 func (a *Agent) Metrics(ctx context.Context) (Metrics, error) {
 	m, err := a.c.Metrics(ctx)
-	return Metrics(m), fail("read metrics", err)
+	return Metrics(m), a.fail("read metrics", err)
 }

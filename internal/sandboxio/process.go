@@ -67,27 +67,27 @@ func (a *Agent) CreateProcess(ctx context.Context, s Spec) (Process, error) {
 		ps.PTY = &proto.PTY{Cols: s.PTYCols, Rows: s.PTYRows}
 	}
 	p, err := a.c.CreateProcess(ctx, ps)
-	return process(p), fail("create process", err)
+	return process(p), a.fail("create process", err)
 }
 
 // StartProcess starts a registered process with subscriber already reading
 // after chunk `after`, so none of its output is evicted before it is read.
 func (a *Agent) StartProcess(ctx context.Context, id, subscriber string, after uint64) (Process, error) {
 	p, err := a.c.StartProcessFor(ctx, proto.StartRequest{ID: id, Subscriber: subscriber, After: after})
-	return process(p), fail("start process", err)
+	return process(p), a.fail("start process", err)
 }
 
 // GetProcess returns one process.
 func (a *Agent) GetProcess(ctx context.Context, id string) (Process, error) {
 	p, err := a.c.GetProcess(ctx, id)
-	return process(p), fail("get process", err)
+	return process(p), a.fail("get process", err)
 }
 
 // Processes lists every process the agent knows.
 func (a *Agent) Processes(ctx context.Context) ([]Process, error) {
 	ps, err := a.c.ListProcesses(ctx)
 	if err != nil {
-		return nil, fail("list processes", err)
+		return nil, a.fail("list processes", err)
 	}
 	out := make([]Process, 0, len(ps))
 	for _, p := range ps {
@@ -131,7 +131,7 @@ func (o *Output) Release() {
 func (a *Agent) ReadOutput(ctx context.Context, id string, after uint64, maxBytes int, wait time.Duration, subscriber string) (Output, error) {
 	o, err := a.c.ReadOutput(ctx, id, after, maxBytes, wait, subscriber)
 	if err != nil {
-		return Output{}, fail("read output", err)
+		return Output{}, a.fail("read output", err)
 	}
 	out := Output{Resync: o.Resync, Data: o.Data, Chunks: make([]Chunk, len(o.Chunks)), release: o.Release}
 	for i, c := range o.Chunks {
@@ -147,12 +147,12 @@ func (a *Agent) ReadOutput(ctx context.Context, id string, after uint64, maxByte
 // Hold keeps subscriber's place (it has read up to after) in a process's
 // output window while it reads nothing.
 func (a *Agent) Hold(ctx context.Context, id, subscriber string, after uint64) error {
-	return fail("hold output", a.c.Hold(ctx, id, subscriber, after))
+	return a.fail("hold output", a.c.Hold(ctx, id, subscriber, after))
 }
 
 // Signal signals a process's group.
 func (a *Agent) Signal(ctx context.Context, id, sig string) error {
-	return fail("signal", a.c.Signal(ctx, id, sig))
+	return a.fail("signal", a.c.Signal(ctx, id, sig))
 }
 
 // Stdin writes data to a process's stdin, a chunk per agent call (one call
@@ -161,7 +161,7 @@ func (a *Agent) Stdin(ctx context.Context, id string, data []byte) error {
 	for off := 0; ; {
 		end := min(off+chunk, len(data))
 		if err := a.c.Stdin(ctx, id, data[off:end]); err != nil {
-			return fail("stdin", err)
+			return a.fail("stdin", err)
 		}
 		if off = end; off == len(data) {
 			return nil
@@ -171,10 +171,10 @@ func (a *Agent) Stdin(ctx context.Context, id string, data []byte) error {
 
 // CloseStdin closes a process's stdin.
 func (a *Agent) CloseStdin(ctx context.Context, id string) error {
-	return fail("close stdin", a.c.CloseStdin(ctx, id))
+	return a.fail("close stdin", a.c.CloseStdin(ctx, id))
 }
 
 // Resize resizes a process's terminal.
 func (a *Agent) Resize(ctx context.Context, id string, cols, rows uint16) error {
-	return fail("resize", a.c.Resize(ctx, id, cols, rows))
+	return a.fail("resize", a.c.Resize(ctx, id, cols, rows))
 }

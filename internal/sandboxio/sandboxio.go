@@ -19,11 +19,29 @@ import (
 // Agent is a running sandbox's agent. The runtime keeps the connection; an
 // Agent is cheap and never closed by its users.
 type Agent struct {
-	c *agentclient.Client
+	c    *agentclient.Client
+	lost func(error) error
 }
 
 // Wrap gives a runtime's agent connection its domain methods.
 func Wrap(c *agentclient.Client) *Agent { return &Agent{c: c} }
+
+// WhenLost has every call whose connection went away (the sandbox died, or
+// an operation took it away) answered with explain(its Unavailable error)
+// instead: the caller that knows the sandbox can say what became of it.
+func (a *Agent) WhenLost(explain func(error) error) *Agent {
+	a.lost = explain
+	return a
+}
+
+// fail is fail, and a lost connection explained (WhenLost).
+func (a *Agent) fail(step string, err error) error {
+	out := fail(step, err)
+	if a.lost != nil && errors.Is(err, agentclient.ErrClosed) {
+		return a.lost(out)
+	}
+	return out
+}
 
 // kinds maps the agent's error codes to error kinds.
 var kinds = map[string]*errdefs.Kind{

@@ -32,7 +32,7 @@ type WatchBatch struct {
 // the watch's id.
 func (a *Agent) Watch(ctx context.Context, dir string, recursive bool) (string, error) {
 	h, err := a.c.WatchStart(ctx, proto.WatchRequest{Path: dir, Recursive: recursive})
-	return h.ID, fail("watch directory", err)
+	return h.ID, a.fail("watch directory", err)
 }
 
 // WatchEvents returns the events after sequence number after, waiting up
@@ -40,7 +40,7 @@ func (a *Agent) Watch(ctx context.Context, dir string, recursive bool) (string, 
 func (a *Agent) WatchEvents(ctx context.Context, id string, after uint64, wait time.Duration) (WatchBatch, error) {
 	r, err := a.c.WatchRead(ctx, proto.WatchRead{ID: id, After: after, Wait: wait})
 	if err != nil {
-		return WatchBatch{}, fail("read watch events", err)
+		return WatchBatch{}, a.fail("read watch events", err)
 	}
 	b := WatchBatch{Lost: r.Lost, Closed: r.Closed, Events: make([]WatchEvent, len(r.Events))}
 	for i, e := range r.Events {
@@ -51,5 +51,5 @@ func (a *Agent) WatchEvents(ctx context.Context, id string, after uint64, wait t
 
 // Unwatch ends a watch.
 func (a *Agent) Unwatch(ctx context.Context, id string) error {
-	return fail("stop watching", a.c.WatchStop(ctx, id))
+	return a.fail("stop watching", a.c.WatchStop(ctx, id))
 }
