@@ -55,17 +55,25 @@ func notRunning(sb *sandbox.Sandbox) error {
 }
 
 // explainLost answers a call whose agent connection went away (err, an
-// Unavailable): when the sandbox died, its exit watch fails it within
-// moments, and when an operation took it (a suspend, a delete) the sandbox
-// is already in it. Either way the call is refused as on a sandbox that is
-// not running, with its state, rather than with a 503 a client would retry.
-// A sandbox still running a second later keeps err.
+// Unavailable): when an operation took the sandbox (a suspend, a delete)
+// it is already in that operation's state, and when the sandbox died its
+// exit watch fails it within moments. Either way the call is refused as on
+// a sandbox that is not running, with its state, rather than with a 503 a
+// client would retry. A sandbox that runs on with an operation in flight
+// (a fork's or snapshot's save closes the agent's connection, and the
+// agent dials again) keeps err at once: a command stream reaches the agent
+// again without waiting. One still running a second later keeps err too.
 func (e *Engine) explainLost(id string, err error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	for {
-		if sb, gerr := e.store.GetSandbox(ctx, id); gerr == nil && sb.State != sandbox.Running {
+		sb, gerr := e.store.GetSandbox(ctx, id)
+		switch {
+		case gerr != nil:
+		case sb.State != sandbox.Running:
 			return notRunning(sb)
+		case sb.ActiveOperation != "":
+			return err
 		}
 		select {
 		case <-ctx.Done():
