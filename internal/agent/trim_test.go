@@ -10,10 +10,12 @@ import (
 // (whose effect is measured on real sandboxes: see trim.go).
 func TestTrimmerFreesOnceAfterAQuietBurstWithACountingFree(t *testing.T) {
 	var freed atomic.Int32
-	tr := &trimmer{after: 50 * time.Millisecond, burst: 1000, free: func() { freed.Add(1) }}
+	// Calls come every 20 ms, well inside after (a loaded host under -race
+	// may sleep longer than asked).
+	tr := &trimmer{after: 300 * time.Millisecond, burst: 1000, free: func() { freed.Add(1) }}
 
 	tr.carried(999) // below the burst: nothing to give back
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	if n := freed.Load(); n != 0 {
 		t.Fatalf("freed %d times below the burst", n)
 	}
@@ -26,14 +28,14 @@ func TestTrimmerFreesOnceAfterAQuietBurstWithACountingFree(t *testing.T) {
 			t.Fatalf("freed during the traffic (call %d)", i)
 		}
 	}
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	if n := freed.Load(); n != 1 {
 		t.Fatalf("freed %d times after the burst, want 1", n)
 	}
 
 	// The count starts again: a small call after it frees nothing.
 	tr.carried(10)
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
 	if n := freed.Load(); n != 1 {
 		t.Fatalf("freed %d times, want still 1", n)
 	}
