@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/client"
+	"github.com/spacesandbox/space/internal/procfs"
 )
 
 // sandboxProcesses are the host processes of a real runtime's sandbox:
@@ -44,15 +46,10 @@ func killProcesses(pids []int) {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		alive := false
-		for _, pid := range pids {
-			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			// The state follows the command's closing parenthesis.
-			if i := bytes.LastIndexByte(st, ')'); err == nil && i+2 < len(st) && st[i+2] != 'Z' && st[i+2] != 'X' {
-				alive = true
-			}
-		}
-		if !alive {
+		if !slices.ContainsFunc(pids, func(pid int) bool {
+			p, err := procfs.Stat(pid)
+			return err == nil && !p.Gone()
+		}) {
 			return
 		}
 	}

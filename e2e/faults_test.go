@@ -58,12 +58,22 @@ func (f *faultRig) prepare(id string) {
 }
 
 func (f *faultRig) snapshotOf(id string) (snap, opID string) {
-	sn, op, err := f.s.client().CreateSnapshot(context.Background(), id, "", "")
+	snap, opID, err := f.startSnapshot(id)
 	if err != nil {
 		f.t.Fatalf("snapshot %s: %v", id, err)
 	}
+	return snap, opID
+}
+
+// startSnapshot asks for a snapshot of id and records it for the leak
+// check.
+func (f *faultRig) startSnapshot(id string) (snap, opID string, err error) {
+	sn, op, err := f.s.client().CreateSnapshot(context.Background(), id, "", "")
+	if err != nil {
+		return "", "", err
+	}
 	f.all[sn.ID] = true
-	return sn.ID, op.ID
+	return sn.ID, op.ID, nil
 }
 
 func (f *faultRig) fromSnapshot(snap string) (id, opID string) {
@@ -178,14 +188,13 @@ func (f *faultRig) begin(i int, action, id, state string, snaps []savedSnapshot)
 		st.id, st.opID = f.fromSnapshot(sn.id)
 		f.mark[st.id], st.from = sn.mark, sn.id
 	case "snapshot":
-		sn, op, err := c.CreateSnapshot(ctx, id, "", "")
+		var err error
+		st.snap, st.opID, err = f.startSnapshot(id)
 		if f.diedSince(i, id, state, err) {
 			return faultStep{action: action, id: id}
 		} else if err != nil {
 			f.t.Fatalf("iteration %d: snapshot %s: %v", i, id, err)
 		}
-		f.all[sn.ID] = true
-		st.snap, st.opID = sn.ID, op.ID
 	case "fork":
 		count := 1
 		if f.rt != "vm" { // (two TCG guests more would crowd the host)

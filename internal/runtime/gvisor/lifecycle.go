@@ -711,15 +711,22 @@ func (r *Runtime) forgetContainer(id string) error {
 			errs = append(errs, err)
 		}
 	}
-	// Its cgroup, which runsc's delete would have removed (v1: one per
-	// controller; v2: one), once its processes are gone.
-	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", id))
-	for _, cg := range append(v1, filepath.Join("/sys/fs/cgroup/space", id)) {
+	// Its cgroup, which runsc's delete would have removed, once its
+	// processes are gone.
+	for _, cg := range sandboxCgroups(id) {
 		if err := removeCgroup(cg); err != nil {
 			errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// sandboxCgroups are the gVisor sandbox cgroups whose name matches pattern
+// (a sandbox id, or a glob): v1, one per controller, or v2, one.
+func sandboxCgroups(pattern string) []string {
+	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", pattern))
+	v2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/space", pattern))
+	return append(v1, v2...)
 }
 
 // removeCgroup removes an empty cgroup directory; absent is success. A
@@ -832,10 +839,8 @@ func (r *Runtime) roomToSave(spec runtime.Spec, dir, verb string) error {
 // last minute is kept too (a runsc may be about to join it). It returns
 // how many it removed.
 func sweepCgroups() int {
-	v1, _ := filepath.Glob("/sys/fs/cgroup/*/space/sbx_*")
-	v2, _ := filepath.Glob("/sys/fs/cgroup/space/sbx_*")
 	removed := 0
-	for _, cg := range append(v1, v2...) {
+	for _, cg := range sandboxCgroups("sbx_*") {
 		if fi, err := os.Stat(cg); err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < time.Minute {
 			continue
 		}
