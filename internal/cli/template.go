@@ -54,7 +54,7 @@ func templateCmd(ctx context.Context, args []string, o Options) error {
 	// unfinished builds are kept); a build waits for it to stop — or goes
 	// through its API (POST /v1/templates).
 	open := templates.Open
-	lock, err := server.LockDataDir(*dataDir)
+	lock, err := server.LockDataDir(ctx, *dataDir)
 	switch {
 	case errors.Is(err, server.ErrDataDirInUse):
 		switch args[0] {

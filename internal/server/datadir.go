@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/spacesandbox/space/internal/procfs"
 )
 
 // MakeDataDir makes the data directory private (0700), whoever made it and
@@ -34,31 +38,75 @@ var ErrDataDirInUse = errors.New("data directory in use")
 // process ends, however it ends.
 type DataDirLock struct{ f *os.File }
 
+// orphanWait bounds how long LockDataDir waits for a lock whose owner has
+// ended (see LockDataDir).
+const orphanWait = 10 * time.Second
+
 // LockDataDir takes the data directory for this process. When another holds
 // it, the error wraps ErrDataDirInUse and names that process.
-func LockDataDir(dir string) (*DataDirLock, error) {
+//
+// A lock whose recorded owner has ended (or is ending) is waited for, up to
+// orphanWait: a server killed while it started a child leaves the lock with
+// that child until its exec closes the descriptor (a child between fork and
+// exec holds a copy of its parent's), and a killed server's threads may still
+// be tearing down. A restart right after a SIGKILL must not be refused for
+// that.
+func LockDataDir(ctx context.Context, dir string) (*DataDirLock, error) {
 	p := filepath.Join(dir, LockFile)
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open data directory lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			holder := "another process"
-			if b, rerr := os.ReadFile(p); rerr == nil {
-				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil {
-					holder = fmt.Sprintf("process %d", pid)
-				}
-			}
-			return nil, fmt.Errorf("%w: %s is owned by %s (a running space server, or a template command); one server per data directory", ErrDataDirInUse, dir, holder)
+	deadline := time.Now().Add(orphanWait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
 		}
-		return nil, fmt.Errorf("lock data directory: %w", err)
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock data directory: %w", err)
+		}
+		pid := lockOwner(p)
+		if pid > 0 && ownerEnded(pid) && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				f.Close()
+				return nil, fmt.Errorf("lock data directory: %w", ctx.Err())
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		f.Close()
+		holder := "another process"
+		if pid > 0 {
+			holder = fmt.Sprintf("process %d", pid)
+		}
+		return nil, fmt.Errorf("%w: %s is owned by %s (a running space server, or a template command); one server per data directory", ErrDataDirInUse, dir, holder)
 	}
 	// Say who holds it, for the error above (advisory: the lock is what counts).
 	f.Truncate(0)
 	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	return &DataDirLock{f: f}, nil
+}
+
+// lockOwner is the pid the lock's last owner wrote, or 0.
+func lockOwner(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+// ownerEnded reports whether process pid is gone or on its way out.
+func ownerEnded(pid int) bool {
+	p, err := procfs.Stat(pid)
+	return err != nil || p.Ending()
 }
 
 // Release gives the data directory up.

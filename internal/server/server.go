@@ -77,7 +77,7 @@ func Run(ctx context.Context, cfg *config.Serve, log *slog.Logger, host HostFunc
 	if err := MakeDataDir(cfg.DataDir); err != nil {
 		return err
 	}
-	lock, err := LockDataDir(cfg.DataDir)
+	lock, err := LockDataDir(ctx, cfg.DataDir)
 	if err != nil {
 		return err
 	}
