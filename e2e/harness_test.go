@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,9 +174,8 @@ func startServer(t *testing.T, o serverOpts) *server {
 	if o.bin != spaceFakeBin && !slices.Contains(o.args, "--sandbox-network") {
 		// Every real server's sandboxes get their own range, and their
 		// uplink leads into a namespace of this test, never the real network.
-		n := int(upstreams.Add(1)) % 48 // 48…63 are the unit tests'
-		s.up = nettest.NewUpstream(t, n)
-		rng := netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/16", 100+n))
+		s.up = nettest.NewUpstream(t, int(upstreams.Add(1))%48) // 48…63 are the unit tests'
+		rng := s.up.SandboxRange()
 		t.Cleanup(func() { network.Teardown(rng) }) // runs after the server stopped
 		s.args = append(slices.Clone(s.args), "--sandbox-network", rng.String(),
 			"--egress-uplink", s.up.Uplink, "--egress-gateway", s.up.Gateway.String(), "--egress-dns", s.up.DNS)

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -25,10 +24,10 @@ import (
 // gVisor and QEMU sandboxes on it). Every packet stays in namespaces the
 // test makes.
 
-func newManager(t *testing.T, up *nettest.Upstream, rng string) *Manager {
+func newManager(t *testing.T, up *nettest.Upstream) *Manager {
 	t.Helper()
 	m, err := New(context.Background(), Config{
-		Range: netip.MustParsePrefix(rng), Uplink: up.Uplink, Gateway: up.Gateway, DNS: up.DNS, StateDir: t.TempDir(),
+		Range: up.SandboxRange(), Uplink: up.Uplink, Gateway: up.Gateway, DNS: up.DNS, StateDir: t.TempDir(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +88,7 @@ func reached(out string) bool { return strings.HasPrefix(out, nettest.HTTPBody) 
 func TestEgressPolicyInNamespaces(t *testing.T) {
 	nettest.Root(t)
 	up := nettest.NewUpstream(t, 60)
-	m := newManager(t, up, "10.231.0.0/16")
+	m := newManager(t, up)
 	ctx := context.Background()
 	pub, pub2 := up.Public[0].String(), up.Public[1].String()
 
@@ -250,7 +249,7 @@ func TestEgressPolicyInNamespaces(t *testing.T) {
 func TestHalfMadeNamespaceIsReplaced(t *testing.T) {
 	nettest.Root(t)
 	up := nettest.NewUpstream(t, 61)
-	m := newManager(t, up, "10.234.0.0/16")
+	m := newManager(t, up)
 	ctx := context.Background()
 	if err := os.WriteFile(m.nsPath("sbx_h"), nil, 0o444); err != nil {
 		t.Fatal(err)

@@ -18,8 +18,10 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -28,6 +30,9 @@ import (
 
 // Upstream is a test's "internet".
 type Upstream struct {
+	// Index is the slot (0…63) it holds on this host: its addresses, and
+	// anything else a test keeps apart per upstream, derive from it.
+	Index int
 	// NS is the upstream namespace's name (ip netns).
 	NS string
 	// Uplink is the host's end of the veth: pass it as --egress-uplink.
@@ -65,14 +70,17 @@ func Root(t testing.TB) {
 	}
 }
 
-// NewUpstream makes the upstream namespace; index makes addresses and names
-// unique among tests running at once (0…63).
+// NewUpstream makes the upstream namespace in slot index (0…63), or the
+// next one free on this host: slots keep the addresses of tests running at
+// once apart, in this process and in any other (see claim).
 func NewUpstream(t testing.TB, index int) *Upstream {
 	Root(t)
+	index = claim(t, index)
 	b := make([]byte, 3)
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)
 	u := &Upstream{
+		Index:   index,
 		NS:      "spup-" + suffix,
 		Uplink:  "spup" + suffix,
 		Gateway: netip.AddrFrom4([4]byte{198, 18, byte(index), 2}),
@@ -254,6 +262,12 @@ func selfSigned(t testing.TB, names []string) tls.Certificate {
 	return cert
 }
 
+// SandboxRange is the range for the sandboxes of the test that holds this
+// upstream: like its addresses, unique to its slot on this host.
+func (u *Upstream) SandboxRange() netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + u.Index), 0, 0}), 16)
+}
+
 // Client makes a plain namespace joined straight to the upstream by a veth
 // of its own (no SPACE in between): the baseline a sandbox's network is
 // measured against. It returns the namespace's name.
@@ -277,8 +291,38 @@ func (u *Upstream) Client(t testing.TB, index int) string {
 	return ns
 }
 
+// slotDir holds a lock file per upstream slot, host-wide.
+const slotDir = "/run/space-nettest"
+
+// claim takes upstream slot index, or the next free one, for this test
+// until its cleanup: an flock on the slot's file, which the kernel lets go
+// when the process ends however it ends. Two test processes on one host
+// (an orphaned test binary and a new run) therefore never share a slot,
+// and a slot's leftovers found by its new owner are a dead run's.
+func claim(t testing.TB, index int) int {
+	t.Helper()
+	if err := os.MkdirAll(slotDir, 0o755); err != nil {
+		t.Fatalf("upstream slots: %v", err)
+	}
+	for i := range 64 {
+		n := (index + i) % 64
+		f, err := os.OpenFile(filepath.Join(slotDir, fmt.Sprintf("upstream-%d.lock", n)), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			t.Fatalf("upstream slot %d: %v", n, err)
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			t.Cleanup(func() { f.Close() }) // registered first: runs after the namespace is gone
+			return n
+		}
+		f.Close()
+	}
+	t.Fatal("all 64 upstream slots on this host are taken by running tests")
+	return 0
+}
+
 // removeStale deletes an upstream a killed test run left holding the same
-// host address (two links with one address would split the routes).
+// host address (two links with one address would split the routes). Only
+// the slot's owner calls it, so nothing it deletes is a live test's.
 func removeStale(hostAddr netip.Addr) {
 	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
 	for _, l := range strings.Split(string(out), "\n") {
