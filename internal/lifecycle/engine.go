@@ -155,6 +155,9 @@ type Engine struct {
 
 	mu      sync.Mutex      // guards running and started
 	running map[string]bool // operation ids being executed by this process
+	// resumed are the operations this process resumed at Start (left in
+	// flight by an earlier one): their sandboxes were not looked at then.
+	resumed map[string]bool
 	started bool
 	// finished is closed (and replaced) whenever an operation finishes.
 	finished chan struct{}
@@ -192,7 +195,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, store: cfg.Store, log: cfg.Logger, now: cfg.Now,
-		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, activity: newActivity(), poolKick: make(chan struct{}, 1), finished: make(chan struct{}),
+		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, resumed: map[string]bool{}, activity: newActivity(), poolKick: make(chan struct{}, 1), finished: make(chan struct{}),
 	}
 	e.store = watchedStore{Store: cfg.Store, hub: &e.changes}
 	if cfg.DefaultAutoLifecycle == (sandbox.AutoLifecycle{}) {

@@ -226,8 +226,14 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	for _, id := range op.Sandboxes {
 		others = append(others, store.Outcome{SandboxID: id, State: sandbox.Running})
 	}
+	// The copies run whatever became of their source since the save.
+	var srcErr *sandbox.ErrorInfo
+	if err := e.lookAgain(ctx, rt, op, source, op.From); err != nil {
+		log.Error("fork: its source is gone", "err", err)
+		op.From, srcErr = sandbox.Failed, lostDuring(op.Kind)
+	}
 	e.log.Info("sandbox forked", "sandbox_id", op.SandboxID, "operation_id", op.ID, "count", len(op.Sandboxes), "save", saved, "total", time.Since(start))
-	e.finishFork(log, op, start, sandbox.OpSucceeded, nil, nil, others)
+	e.finishFork(log, op, start, sandbox.OpSucceeded, nil, srcErr, others)
 }
 
 // forkSpec is the runtime spec of a fork by id (its record when readable).

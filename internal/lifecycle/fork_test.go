@@ -124,28 +124,40 @@ func TestForkResumesWithItsSaveComplete(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) { testForkResumesAfterRestart(t, true) })
 }
 
-// testForkResumesAfterRestart stops a server while a 2-way fork runs (with
-// saveComplete, the fork's save is on disk when the next server starts)
-// and checks the next server finishes it with both copies running.
-func testForkResumesAfterRestart(t *testing.T, saveComplete bool) {
-	dir := t.TempDir()
+// stopWhileRunning creates a sandbox, starts an operation on it (start) on
+// a server whose runtime steps never end, waits until the operation is
+// recorded running and stops that server: the next one over dir resumes it.
+func stopWhileRunning(t *testing.T, dir string, start func(*world, *sandbox.Sandbox) (*sandbox.Operation, error)) (*sandbox.Sandbox, *sandbox.Operation) {
+	t.Helper()
 	w := newWorld(t, dir, fakeruntime.Config{})
-	ctx := context.Background()
 	src := create(t, w)
 	w.close()
 	w = newWorld(t, dir, fakeruntime.Config{Delay: time.Hour})
-	op, forks, err := w.eng.Fork(ctx, src.ID, 2, nil)
+	op, err := start(w, src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for {
-		got, _ := w.eng.Operation(ctx, op.ID)
+		got, _ := w.eng.Operation(context.Background(), op.ID)
 		if got.State == sandbox.OpRunning {
 			break
 		}
 		time.Sleep(time.Millisecond)
 	}
 	w.close()
+	return src, op
+}
+
+// testForkResumesAfterRestart stops a server while a 2-way fork runs (with
+// saveComplete, the fork's save is on disk when the next server starts)
+// and checks the next server finishes it with both copies running.
+func testForkResumesAfterRestart(t *testing.T, saveComplete bool) {
+	dir := t.TempDir()
+	var forks []*sandbox.Sandbox
+	_, op := stopWhileRunning(t, dir, func(w *world, src *sandbox.Sandbox) (op *sandbox.Operation, err error) {
+		op, forks, err = w.eng.Fork(context.Background(), src.ID, 2, nil)
+		return op, err
+	})
 	if saveComplete {
 		if err := os.MkdirAll(filepath.Join(dir, "snapshots", op.ID), 0o700); err != nil {
 			t.Fatal(err)

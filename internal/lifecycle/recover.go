@@ -67,7 +67,35 @@ func (e *Engine) Start(ctx context.Context) error {
 			continue
 		}
 		e.log.Info("resuming operation left in flight", "operation_id", op.ID, "sandbox_id", op.SandboxID, "kind", op.Kind, "state", op.State)
+		e.mu.Lock()
+		e.resumed[op.ID] = true
+		e.mu.Unlock()
 		e.submit(op)
+	}
+	return nil
+}
+
+// wasResumed reports whether op was resumed at this process's Start.
+func (e *Engine) wasResumed(opID string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.resumed[opID]
+}
+
+// lookAgain is, for an operation resumed at this start, what Start does for
+// every sandbox at rest, before the outcome is recorded: Start skipped the
+// sandbox, and a step that finds its work done (a save complete before the
+// crash) may not look at it at all. A sandbox meant to run on (state to) is
+// watched by its runtime from here on; one the host lost meanwhile (the
+// server and the sandbox died together) is an error, so that it is failed
+// with the reason instead of shown running.
+func (e *Engine) lookAgain(ctx context.Context, rt runtime.Runtime, op sandbox.Operation, spec runtime.Spec, to sandbox.State) error {
+	if !e.wasResumed(op.ID) || (to != sandbox.Running && to != sandbox.Paused) {
+		return nil
+	}
+	status, err := rt.Recover(ctx, spec)
+	if err == nil && status == runtime.StatusAbsent {
+		return fmt.Errorf("%s after a restart: the runtime has nothing of %s on the host: %w", op.Kind, spec.SandboxID, runtime.ErrNotFound)
 	}
 	return nil
 }

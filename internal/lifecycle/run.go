@@ -32,6 +32,7 @@ func (e *Engine) submit(op sandbox.Operation) {
 		defer func() {
 			e.mu.Lock()
 			delete(e.running, op.ID)
+			delete(e.resumed, op.ID)
 			e.mu.Unlock()
 		}()
 		if e.turns != nil {
@@ -165,6 +166,9 @@ func (e *Engine) execute(op sandbox.Operation) {
 	if e.life.Err() != nil {
 		log.Info("operation interrupted by shutdown; it resumes at next start")
 		return
+	}
+	if err == nil {
+		err = e.lookAgain(ctx, rt, op, spec, op.Kind.Target())
 	}
 	if err == nil {
 		to := op.Kind.Target()

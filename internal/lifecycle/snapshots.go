@@ -114,7 +114,13 @@ func (e *Engine) executeSnapshot(ctx context.Context, log interface {
 	}
 	size := dirSize(dir)
 	e.log.Info("sandbox snapshot saved", "sandbox_id", op.SandboxID, "snapshot_id", op.Snapshot, "bytes", size, "duration", time.Since(start))
-	e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: op.From,
+	// The snapshot is complete whatever became of its source since.
+	srcState, srcErr := op.From, (*sandbox.ErrorInfo)(nil)
+	if err := e.lookAgain(ctx, rt, op, e.spec(src), op.From); err != nil {
+		log.Error("snapshot: its source is gone", "err", err)
+		srcState, srcErr = sandbox.Failed, lostDuring(op.Kind)
+	}
+	e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpSucceeded, SandboxState: srcState, SandboxError: srcErr,
 		Snapshot: &store.SnapshotOutcome{SnapshotID: op.Snapshot, State: sandbox.SnapshotReady, SizeBytes: size}})
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
+	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/fakeruntime"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
@@ -277,5 +278,67 @@ func testDeleteSnapshotWhileStartingFromIt(t *testing.T) {
 	}
 	if err := w.eng.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatalf("delete once it runs: %v", err)
+	}
+}
+
+// A snapshot or fork whose save was complete when the server stopped
+// succeeds at the next start without touching its source, but a source the
+// host lost meanwhile (the server and the sandbox died together) must not be
+// left shown running: the resumed operation looks at it, as Start looks at
+// every sandbox at rest, and fails it with the reason. (A fork's copies run
+// from the save, a snapshot is ready.)
+func TestResumedCopyLooksAtItsSourceAgain(t *testing.T) {
+	for _, kind := range []string{"snapshot", "fork"} {
+		t.Run(kind, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testResumedCopyLooksAtItsSourceAgain(t, kind) })
+		})
+	}
+}
+
+func testResumedCopyLooksAtItsSourceAgain(t *testing.T, kind string) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	var save string // where the save is complete
+	var forks []*sandbox.Sandbox
+	src, op := stopWhileRunning(t, dir, func(w *world, src *sandbox.Sandbox) (op *sandbox.Operation, err error) {
+		if kind == "snapshot" {
+			var snap *sandbox.Snapshot
+			if op, snap, err = w.eng.CreateSnapshot(ctx, src.ID, "", nil); err == nil {
+				save = snap.ID
+			}
+			return op, err
+		}
+		if op, forks, err = w.eng.Fork(ctx, src.ID, 1, nil); err == nil {
+			save = op.ID
+		}
+		return op, err
+	})
+	if err := os.MkdirAll(filepath.Join(dir, "snapshots", save), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	host, err := fakeruntime.New(fakeruntime.Config{Dir: filepath.Join(dir, "fake")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Delete(ctx, runtime.Spec{SandboxID: src.ID}); err != nil {
+		t.Fatal(err)
+	}
+
+	w2 := newWorld(t, dir, fakeruntime.Config{})
+	if got := wait(t, w2, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("resumed %s = %+v", kind, got)
+	}
+	if sb, _ := w2.eng.Get(ctx, src.ID); sb.State != sandbox.Failed || sb.Error == nil || sb.Error.Message == "" {
+		t.Fatalf("a source the host lost is %s %+v after its resumed %s, want failed with a reason", sb.State, sb.Error, kind)
+	}
+	if kind == "snapshot" {
+		if got, err := w2.eng.GetSnapshot(ctx, save); err != nil || got.State != sandbox.SnapshotReady {
+			t.Fatalf("snapshot after the resumed save: %v %+v", err, got)
+		}
+	}
+	for _, f := range forks {
+		if state(t, w2, f.ID) != sandbox.Running {
+			t.Fatalf("fork %s not running after the resumed fork", f.ID)
+		}
 	}
 }
