@@ -352,7 +352,8 @@ func faultIterations(rt string, onVM, others int) int {
 // The runtime-kill suite: the sandbox's own host processes (runsc's sandbox
 // and gofer, or QEMU) are SIGKILLed at a random instant (seeded, printed)
 // of a random create, pause, suspend, wake, delete, fork, snapshot or
-// create from a snapshot, while the server runs on. The step must end —
+// create from a snapshot, while the server runs on — or, one cut in four,
+// with the server killed at the same instant and restarted. The step must end —
 // succeeded, or failed with an error code — and every sandbox it touched
 // must settle where the API tells the truth:
 //   - one shown running or paused has its processes (a dead one is failed
@@ -377,7 +378,7 @@ func testRuntimeKills(t *testing.T, rt string) {
 
 	live := map[string]string{}
 	var snaps []savedSnapshot
-	kills, failedOps, failedSandboxes := 0, 0, 0
+	kills, serverKills, failedOps, failedSandboxes := 0, 0, 0, 0
 	actions := map[string]int{}
 	for i := 0; i < iterations; i++ {
 		// Most steps fail a sandbox: two are kept to act on.
@@ -402,12 +403,26 @@ func testRuntimeKills(t *testing.T, rt string) {
 		d := time.Duration(f.rng.Int64N(int64(step.window)))
 		time.Sleep(d)
 		// One step in four runs uncut, so that sandboxes get paused and
-		// suspended to be cut in their turn.
+		// suspended to be cut in their turn. One cut in four takes the
+		// server with the sandbox, as a crash of both would (the disk
+		// intact): the restart finds the step in flight and its processes
+		// gone.
+		withServer := false
 		if pids := sandboxProcesses(step.id); len(pids) > 0 && f.rng.IntN(4) > 0 {
 			kills++
-			killProcesses(pids)
+			if withServer = f.rng.IntN(4) == 0; withServer {
+				serverKills++
+				killProcesses(append(pids, s.pid()))
+				s.kill() // reaps it
+				s.start()
+			} else {
+				killProcesses(pids)
+			}
 		}
 		what := fmt.Sprintf("iteration %d: %s of %s (%s) cut after %v", i, action, step.id, was, d)
+		if withServer {
+			what += " with the server"
+		}
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 		op, err := s.client().WaitOperation(wctx, step.opID)
 		wcancel()
@@ -455,7 +470,7 @@ func testRuntimeKills(t *testing.T, rt string) {
 			}
 		}
 	}
-	t.Logf("runtime kills on %s: %d iterations %v, %d kills, %d operations failed, %d sandboxes failed", rt, iterations, actions, kills, failedOps, failedSandboxes)
+	t.Logf("runtime kills on %s: %d iterations %v, %d kills (%d with the server), %d operations failed, %d sandboxes failed", rt, iterations, actions, kills, serverKills, failedOps, failedSandboxes)
 	if strings.Contains(s.log(), "panic") {
 		t.Error("the server's log has a panic")
 	}

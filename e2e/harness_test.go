@@ -301,6 +301,16 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// pid is the running server's process id (0 when it is stopped).
+func (s *server) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // kill sends SIGKILL and waits for the process to be gone.
 func (s *server) kill() {
 	s.signal(syscall.SIGKILL)
