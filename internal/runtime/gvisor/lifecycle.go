@@ -62,8 +62,20 @@ func replaceFile(path string, b []byte) error {
 	return os.Rename(path+".tmp", path)
 }
 
-// newestCheckpoint is the newest generation in dir holding a checkpoint
-// image ("" when none does).
+// savedMarker, in a generation, says that runsc's checkpoint into it
+// finished. A suspend writes it as soon as runsc returns, before it ends the
+// sandbox. A generation without it may be a checkpoint cut short (the
+// sandbox died during the save, with the server): its files are there, in
+// part, and no restore can use them.
+const savedMarker = "saved"
+
+// markSaved records that the checkpoint into generation gdir finished.
+func markSaved(gdir string) error {
+	return os.WriteFile(filepath.Join(gdir, savedMarker), nil, 0o600)
+}
+
+// newestCheckpoint is the newest generation in dir whose checkpoint
+// finished ("" when none did).
 func newestCheckpoint(dir string) string {
 	ents, _ := os.ReadDir(dir)
 	best := ""
@@ -71,7 +83,7 @@ func newestCheckpoint(dir string) string {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), "gen-") {
 			continue
 		}
-		if fi, err := os.Stat(filepath.Join(dir, e.Name(), "checkpoint.img")); err != nil || fi.Size() == 0 {
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), savedMarker)); err != nil {
 			continue
 		}
 		if best == "" || len(e.Name()) > len(best) || (len(e.Name()) == len(best) && e.Name() > best) {
@@ -448,6 +460,9 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 		return err
 	}
 	t1 := time.Now()
+	if err := markSaved(gdir); err != nil {
+		return fmt.Errorf("mark the checkpoint of %s finished: %w", id, err)
+	}
 	// The image is the sandbox now: what runs on is killed at once, and
 	// runsc removes what is left of it in the background (a wake or
 	// delete of this sandbox waits for that); without a pid to kill, the
@@ -536,6 +551,10 @@ func (r *Runtime) savedAlready(ctx context.Context, spec runtime.Spec, exists bo
 		// was marked current: it is the sandbox's state now.
 		if gen := newestCheckpoint(dir); gen != "" {
 			r.log.Warn("gvisor: adopting a checkpoint a killed server left unmarked", "sandbox_id", id, "generation", gen)
+			// (That server may have died before making it durable.)
+			if err := syncDir(filepath.Join(dir, gen)); err != nil {
+				return fmt.Errorf("sync the adopted checkpoint: %w", err)
+			}
 			if err := markCurrent(dir, gen); err != nil {
 				return err
 			}

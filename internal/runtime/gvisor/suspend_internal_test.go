@@ -100,6 +100,33 @@ func startShell(ctx context.Context, t *testing.T, c *agentclient.Client, id, sc
 	}
 }
 
+// checkpointThenKill does what a suspend does up to the kill of the
+// sandbox, into generation gen-1 of its snapshot directory, and returns
+// that: the checkpoint, its saved mark when saved (without it, the finish
+// of the checkpoint was never seen), the kill.
+func checkpointThenKill(ctx context.Context, t *testing.T, r *Runtime, spec runtime.Spec, saved bool) string {
+	t.Helper()
+	id := spec.SandboxID
+	gdir := filepath.Join(spec.SnapshotDir, "gen-1")
+	if err := os.MkdirAll(gdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r.exits.Stop(id)
+	r.closeEndpoint(id)
+	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
+		t.Fatal(err)
+	}
+	if saved {
+		if err := markSaved(gdir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !r.kill(id) {
+		t.Fatal("no sandbox process to kill")
+	}
+	return gdir
+}
+
 // A server killed in the middle of a suspend — after its checkpoint was
 // written and the sandbox's process killed, before the save was marked
 // current — leaves a sandbox whose process may still be going away when
@@ -116,18 +143,7 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 
 	// The killed server's suspend, up to the kill of the sandbox.
 	id := spec.SandboxID
-	gdir := filepath.Join(spec.SnapshotDir, "gen-1")
-	if err := os.MkdirAll(gdir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	r.exits.Stop(id)
-	r.closeEndpoint(id)
-	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
-		t.Fatal(err)
-	}
-	if !r.kill(id) {
-		t.Fatal("no sandbox process to kill")
-	}
+	gdir := checkpointThenKill(ctx, t, r, spec, true)
 	if err := copyFile(filepath.Join(r.sandboxDir(id), "agent.key"), filepath.Join(gdir, "agent.key")); err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +164,30 @@ func TestSuspendAdoptsTheSaveOfAKilledServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectKept(ctx, t, r, spec)
+}
+
+// A server and its sandbox killed together during a suspend's checkpoint
+// leave a generation whose files are there in part. The next server's
+// resumed suspend must not adopt it (the sandbox would be shown suspended
+// and never wake): the sandbox is gone. Fault injected: a checkpoint whose
+// finish was never seen — runsc's files in place, no saved mark — and the
+// sandbox's process killed.
+func TestSuspendDoesNotAdoptACheckpointCutShortFaultInjection(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, _ := started(ctx, t, r, newSpec)
+	checkpointThenKill(ctx, t, r, spec, false)
+	r.Close()
+
+	r = open()
+	if err := r.Suspend(ctx, spec); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("the resumed suspend over a checkpoint cut short: %v, want not found", err)
+	}
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusAbsent {
+		t.Fatalf("after the resumed suspend: %v %v, want absent", st, err)
+	}
 }
 
 // A suspend leaves the snapshot directory holding its own generation
