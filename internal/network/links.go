@@ -233,8 +233,18 @@ func (m *Manager) makeLinks(s *sbxNet, starting bool) error {
 		return err
 	}
 	defer ns.Close()
-	_, err = netlink.LinkByName(name)
+	host, err := netlink.LinkByName(name)
 	exists := err == nil
+	if exists && !hasEth0(ns) {
+		// A host end whose other end is not in this namespace: left by a
+		// server of the same range that was killed and whose state is
+		// gone (the index was given anew), or the namespace was made
+		// anew. It goes, and the pair is made again.
+		if err := netlink.LinkDel(host); err != nil {
+			return fmt.Errorf("remove stale %s: %w", name, err)
+		}
+		exists = false
+	}
 	if !exists || starting {
 		if err := m.makeSandboxSide(s, ns, name, exists); err != nil {
 			return err
@@ -250,6 +260,17 @@ func (m *Manager) makeLinks(s *sbxNet, starting bool) error {
 	// No IPv6 on the host's end: sandboxes get IPv4 only.
 	os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
 	return netlink.LinkSetUp(l)
+}
+
+// hasEth0 reports whether namespace ns has its eth0.
+func hasEth0(ns netns.NsHandle) bool {
+	nh, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return false
+	}
+	defer nh.Close()
+	_, err = nh.LinkByName("eth0")
+	return err == nil
 }
 
 // makeSandboxSide makes the veth pair (unless exists) and configures the

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/spacesandbox/space/internal/network/nettest"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -241,6 +242,37 @@ func TestEgressPolicyInNamespaces(t *testing.T) {
 			t.Errorf("link left behind: %s", out)
 		}
 	})
+}
+
+// A host end of a sandbox's veth left by another server of the same range
+// (killed, its state directory gone: the index is given anew) is not taken
+// for this sandbox's: attaching replaces it (it used to fail with "the
+// sandbox's eth0: Link not found").
+func TestStaleHostLinkIsReplaced(t *testing.T) {
+	nettest.Root(t)
+	up := nettest.NewUpstream(t, 62)
+	m := newManager(t, up)
+	ctx := context.Background()
+	for idx := range 3 { // whichever index the attach is given
+		stale := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: m.linkName(idx)}, PeerName: fmt.Sprintf("stale%dp", idx)}
+		if err := netlink.LinkAdd(stale); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if l, err := netlink.LinkByName(stale.PeerName); err == nil {
+				netlink.LinkDel(l)
+			}
+		})
+	}
+	if _, err := m.Attach(ctx, "sbx_s", runtime.NetNamespace, sandbox.Network{Egress: "public"}, true); err != nil {
+		t.Fatalf("attach over a stale host link: %v", err)
+	}
+	if out := curl(m, "sbx_s", "http://"+up.Public[0].String()+"/"); !reached(out) {
+		t.Fatalf("the sandbox does not reach upstream: %s", out)
+	}
+	if err := m.Detach(ctx, "sbx_s"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A kill between creating a namespace's file and bind-mounting it leaves an
