@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -301,23 +302,32 @@ const slotDir = "/run/space-nettest"
 // and a slot's leftovers found by its new owner are a dead run's.
 func claim(t testing.TB, index int) int {
 	t.Helper()
+	n, f, err := lockSlot(index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // registered first: runs after the namespace is gone
+	return n
+}
+
+// lockSlot locks the first free slot from index on (wrapping at 64) and
+// returns it with its locked file: the slot is held until that closes.
+func lockSlot(index int) (int, *os.File, error) {
 	if err := os.MkdirAll(slotDir, 0o755); err != nil {
-		t.Fatalf("upstream slots: %v", err)
+		return 0, nil, fmt.Errorf("upstream slots: %w", err)
 	}
 	for i := range 64 {
 		n := (index + i) % 64
 		f, err := os.OpenFile(filepath.Join(slotDir, fmt.Sprintf("upstream-%d.lock", n)), os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
-			t.Fatalf("upstream slot %d: %v", n, err)
+			return 0, nil, fmt.Errorf("upstream slot %d: %w", n, err)
 		}
 		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
-			t.Cleanup(func() { f.Close() }) // registered first: runs after the namespace is gone
-			return n
+			return n, f, nil
 		}
 		f.Close()
 	}
-	t.Fatal("all 64 upstream slots on this host are taken by running tests")
-	return 0
+	return 0, nil, errors.New("all 64 upstream slots on this host are taken by running tests")
 }
 
 // removeStale deletes an upstream a killed test run left holding the same

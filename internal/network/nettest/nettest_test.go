@@ -3,11 +3,8 @@
 package nettest
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 )
 
@@ -21,22 +18,9 @@ func TestClaimSkipsSlotsHeldElsewhere(t *testing.T) {
 		t.Fatalf("slot %d claimed twice in one process", n)
 	}
 	// A free slot, locked here and handed to another process.
-	var f *os.File
-	other := -1
-	for i := 1; i < 64 && other < 0; i++ {
-		o := (n + i) % 64
-		lf, err := os.OpenFile(filepath.Join(slotDir, fmt.Sprintf("upstream-%d.lock", o)), os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-			lf.Close()
-			continue
-		}
-		f, other = lf, o
-	}
-	if other < 0 {
-		t.Fatal("no free slot to hand to another process")
+	other, f, err := lockSlot(n + 1)
+	if err != nil {
+		t.Fatal(err)
 	}
 	hold := exec.Command("sleep", "30")
 	hold.ExtraFiles = []*os.File{f}
