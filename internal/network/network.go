@@ -101,6 +101,8 @@ type sbxNet struct {
 	stats   Stats
 	// inTable says its elements are in the dispatch maps.
 	inTable bool
+	// written is the policy its chains hold (nil: not written yet).
+	written *netpolicy.Policy
 }
 
 // New sets up the host side and starts the resolver and proxy. It needs
