@@ -320,10 +320,10 @@ func (f *faultRig) finish(live map[string]string, snaps []savedSnapshot) {
 		if bytes.Contains(mounts, []byte(id)) {
 			t.Errorf("%s: a mount is left", id)
 		}
-		if cg, _ := filepath.Glob("/sys/fs/cgroup/*/*/" + id); len(cg) > 0 {
+		if cg, _ := filepath.Glob("/sys/fs/cgroup/*/*/" + id + "*"); len(cg) > 0 {
 			t.Errorf("%s: cgroups are left: %v", id, cg)
 		}
-		if cg, _ := filepath.Glob("/sys/fs/cgroup/*/" + id); len(cg) > 0 {
+		if cg, _ := filepath.Glob("/sys/fs/cgroup/*/" + id + "*"); len(cg) > 0 {
 			t.Errorf("%s: cgroups are left: %v", id, cg)
 		}
 		filepath.Walk(s.dataDir, func(p string, fi os.FileInfo, err error) error {

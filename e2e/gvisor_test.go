@@ -213,8 +213,8 @@ func testDeleteLeavesNothing(t *testing.T, rt string) {
 		if b, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(b, []byte(sbx)) {
 			t.Fatalf("%s: a mount remains", final)
 		}
-		m, _ := filepath.Glob("/sys/fs/cgroup/*/space*/" + sbx)
-		m2, _ := filepath.Glob("/sys/fs/cgroup/space*/" + sbx)
+		m, _ := filepath.Glob("/sys/fs/cgroup/*/space*/" + sbx + "*")
+		m2, _ := filepath.Glob("/sys/fs/cgroup/space*/" + sbx + "*")
 		if m = append(m, m2...); len(m) > 0 {
 			t.Fatalf("%s: cgroups remain: %v", final, m)
 		}

@@ -97,9 +97,9 @@ type Runtime struct {
 	// direct: checkpoints write, and restores read, their pages file with
 	// O_DIRECT.
 	direct bool
-	// deleting holds, per sandbox, a background `runsc delete` of its
-	// suspended container (a chan struct{} closed when it is done).
-	deleting sync.Map
+	// ending counts the removals of suspended containers' remains that run
+	// in the background (clearAway).
+	ending sync.WaitGroup
 	// prepared holds the copies PrepareCopy created, waiting for their
 	// image (snapshot.go).
 	prepared sync.Map
@@ -160,7 +160,12 @@ func (r *Runtime) Close() {
 	r.endpoints.CloseAll()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r.deleting.Range(func(k, _ any) bool { r.settle(ctx, k.(string)); return true })
+	ended := make(chan struct{})
+	go func() { r.ending.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-ctx.Done():
+	}
 	out, err := exec.CommandContext(ctx, r.cfg.Runsc, "--root", filepath.Join(r.cfg.Dir, "runsc"), "list", "--quiet").Output()
 	if err != nil {
 		r.log.Warn("gvisor: list sandboxes at close", "err", err)
@@ -337,11 +342,6 @@ type containerState struct {
 }
 
 func (r *Runtime) state(ctx context.Context, spec runtime.Spec) (*containerState, error) {
-	// A container being removed in the background (after a suspend) is
-	// gone once that is done, not before.
-	if err := r.settle(ctx, spec.SandboxID); err != nil {
-		return nil, err
-	}
 	out, err := r.runsc(ctx, spec, "state", spec.SandboxID)
 	if err != nil {
 		if strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not exist") {

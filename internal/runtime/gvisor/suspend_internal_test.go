@@ -100,6 +100,22 @@ func startShell(ctx context.Context, t *testing.T, c *agentclient.Client, id, sc
 	}
 }
 
+// fillMemory fills 150 MB of the sandbox's memory: what its teardown
+// gives back makes that teardown long enough to see (60–80 ms).
+func fillMemory(ctx context.Context, t *testing.T, c *agentclient.Client) {
+	t.Helper()
+	startShell(ctx, t, c, "fill", "head -c 150000000 /dev/zero > /tmp/fill && touch /tmp/filled")
+	for {
+		if _, _, err := c.ReadFile(ctx, "/tmp/filled", 0, 1); err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the sandbox's memory was not filled")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // checkpointThenKill does what a suspend does up to the kill of the
 // sandbox, into generation gen-1 of its snapshot directory, and returns
 // that: the checkpoint, its saved mark when saved (without it, the finish
@@ -329,17 +345,7 @@ func TestForgetAKilledSandboxAtOnceFaultInjection(t *testing.T) {
 	r := open()
 	spec, c := started(ctx, t, r, newSpec)
 	id := spec.SandboxID
-	// Memory to give back makes the teardown long enough to see.
-	startShell(ctx, t, c, "fill", "head -c 150000000 /dev/zero > /tmp/fill && touch /tmp/filled")
-	for {
-		if _, _, err := c.ReadFile(ctx, "/tmp/filled", 0, 1); err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the sandbox's memory was not filled")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	fillMemory(ctx, t, c)
 	r.exits.Stop(id)
 	r.closeEndpoint(id)
 	if pid := r.pidOf(id); !r.kill(id) || !waitGone(ctx, pid, 10*time.Second) {
@@ -354,7 +360,8 @@ func TestForgetAKilledSandboxAtOnceFaultInjection(t *testing.T) {
 }
 
 // The start's sweep removes a sandbox cgroup nothing runs in, and keeps
-// one a process is in and one just made. Real cgroups (v1 pids, or v2).
+// one a process is in and one just made, unless a suspend moved it aside.
+// Real cgroups (v1 pids, or v2).
 func TestSweepCgroupsRemovesOnlyEmptyOldOnes(t *testing.T) {
 	need := runtimetest.Need(t, "SPACE_REQUIRE_GVISOR") // where gVisor runs, so do its cgroups
 	if os.Geteuid() != 0 {
@@ -380,6 +387,12 @@ func TestSweepCgroupsRemovesOnlyEmptyOldOnes(t *testing.T) {
 		return cg
 	}
 	left, fresh, busy := mk(time.Hour), mk(0), mk(time.Hour)
+	// Moved aside by a suspend a moment ago (clearAway): no start joins it.
+	ended := mk(0) + ".ended-1"
+	if err := os.Rename(strings.TrimSuffix(ended, ".ended-1"), ended); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(ended) })
 	sleep := exec.Command("sleep", "60")
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
@@ -391,11 +404,14 @@ func TestSweepCgroupsRemovesOnlyEmptyOldOnes(t *testing.T) {
 	if err := os.Chtimes(busy, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if n := sweepCgroups(); n < 1 {
-		t.Errorf("swept %d cgroups, want at least the empty old one", n)
+	if n := sweepCgroups(); n < 2 {
+		t.Errorf("swept %d cgroups, want at least the empty old one and the one moved aside", n)
 	}
 	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("an empty cgroup an hour old is kept: %v", err)
+	}
+	if _, err := os.Stat(ended); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an empty cgroup a suspend moved aside is kept: %v", err)
 	}
 	for _, cg := range []string{fresh, busy} {
 		if _, err := os.Stat(cg); err != nil {
@@ -404,4 +420,38 @@ func TestSweepCgroupsRemovesOnlyEmptyOldOnes(t *testing.T) {
 	}
 	// Out of the busy cgroup, so that it can go.
 	os.WriteFile(filepath.Join(filepath.Dir(parent), "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0o644)
+}
+
+// A suspend clears its sandbox's container away without waiting for the
+// sandbox's teardown: when it returns, runsc keeps no record of the
+// container and its cgroups are moved aside, so a wake that follows at
+// once starts at once (it used to wait for a background runsc delete). The
+// wake brings the sandbox back, and a delete leaves nothing of it, the
+// moved cgroups included.
+func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, c := started(ctx, t, r, newSpec)
+	id := spec.SandboxID
+	writeKept(ctx, t, c)
+	fillMemory(ctx, t, c)
+	if err := r.Suspend(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(left) > 0 {
+		t.Errorf("runsc's record of the container is there after the suspend: %v", left)
+	}
+	if cg := sandboxCgroups(id); len(cg) > 0 {
+		t.Errorf("the sandbox's cgroups keep their name after the suspend: %v", cg)
+	}
+	if err := r.Restore(ctx, spec); err != nil {
+		t.Fatalf("wake at once: %v", err)
+	}
+	expectKept(ctx, t, r, spec)
+	if err := r.Delete(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
 }

@@ -36,8 +36,8 @@ func RequireRunsc(t *testing.T) (runsc string, fail func(format string, args ...
 
 // AssertNothingLeft proves nothing of sandbox id is left on the host: no
 // process whose command line names it, no mount naming it, no cgroup
-// <cgroup>/<id> (v1 or v2 layout), and nothing matching the globs (each with
-// the id already in it).
+// <cgroup>/<id> or <cgroup>/<id>.… (moved aside; v1 or v2 layout), and
+// nothing matching the globs (each with the id already in it).
 func AssertNothingLeft(t *testing.T, id, cgroup string, globs ...string) {
 	t.Helper()
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
@@ -50,8 +50,8 @@ func AssertNothingLeft(t *testing.T, id, cgroup string, globs ...string) {
 	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), id) {
 		t.Errorf("a mount still mentions %s", id)
 	}
-	cg1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", cgroup, id))
-	cg2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cgroup, id))
+	cg1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", cgroup, id+"*"))
+	cg2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", cgroup, id+"*"))
 	if len(cg1)+len(cg2) > 0 {
 		t.Errorf("cgroups left: %v %v", cg1, cg2)
 	}
