@@ -24,6 +24,7 @@ package network
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -95,14 +96,17 @@ type sbxNet struct {
 	idx    int
 	kind   runtime.NetKind
 	policy *netpolicy.Policy
+	given  sandbox.Network // policy as given
 	// learned maps an address the resolver answered this sandbox to the
 	// names it answered it for (for the proxy's domain rules).
 	learned *learned
 	stats   Stats
 	// inTable says its elements are in the dispatch maps.
 	inTable bool
-	// written is the policy its chains hold (nil: not written yet).
-	written *netpolicy.Policy
+	// written is the policy its chains hold (nil: not written yet), and
+	// writtenAs that policy as given (kept in its allocation's file).
+	written   *netpolicy.Policy
+	writtenAs *sandbox.Network
 }
 
 // New sets up the host side and starts the resolver and proxy. It needs
@@ -280,7 +284,7 @@ func (m *Manager) Attach(ctx context.Context, id string, kind runtime.NetKind, p
 		}
 		m.sbx[id], m.byIdx[idx] = s, s
 	}
-	s.policy = p
+	s.policy, s.given = p, pol
 	s.kind = kind
 	m.mu.Unlock()
 	if err := m.makeLinks(s, starting); err != nil {
@@ -301,7 +305,7 @@ func (m *Manager) Apply(ctx context.Context, id string, pol sandbox.Network) err
 	m.mu.Lock()
 	s := m.sbx[id]
 	if s != nil {
-		s.policy = p
+		s.policy, s.given = p, pol
 	}
 	m.mu.Unlock()
 	if s == nil {
@@ -363,15 +367,26 @@ func (m *Manager) Dial(ctx context.Context, id string, port int) (net.Conn, erro
 func (m *Manager) saveAlloc(s *sbxNet) error {
 	p := filepath.Join(m.cfg.StateDir, s.id)
 	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %s\n", s.idx, s.kind)), 0o600); err != nil {
+	rec := fmt.Sprintf("%d %s\n", s.idx, s.kind)
+	if s.writtenAs != nil {
+		b, err := json.Marshal(s.writtenAs)
+		if err != nil {
+			return fmt.Errorf("network: record policy: %w", err)
+		}
+		rec += string(b) + "\n"
+	}
+	if err := os.WriteFile(tmp, []byte(rec), 0o600); err != nil {
 		return fmt.Errorf("network: record allocation: %w", err)
 	}
 	return os.Rename(tmp, p)
 }
 
-// load reads the allocations of a previous run. Policies come back with
-// the engine's Attach calls at recovery; until then a sandbox is held to
-// egress none.
+// load reads the allocations of a previous run: index, kind and the policy
+// the sandbox's chains held, which the rules New writes give it again, so a
+// running sandbox's new connections follow its own policy across a restart
+// (the engine's Attach at recovery then finds it in force). One recorded
+// without a policy (by a release before that, or before its rules were
+// first written) is held to egress none until that Attach.
 func (m *Manager) load() error {
 	ents, err := os.ReadDir(m.cfg.StateDir)
 	if err != nil {
@@ -387,7 +402,8 @@ func (m *Manager) load() error {
 		if err != nil {
 			continue
 		}
-		f := strings.Fields(string(b))
+		first, rest, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(first)
 		if len(f) < 1 {
 			continue
 		}
@@ -401,7 +417,15 @@ func (m *Manager) load() error {
 		if len(f) > 1 {
 			kind = runtime.NetKind(f[1])
 		}
-		s := &sbxNet{id: e.Name(), idx: idx, kind: kind, policy: none, learned: newLearned()}
+		s := &sbxNet{id: e.Name(), idx: idx, kind: kind, policy: none, given: netpolicy.Default, learned: newLearned()}
+		if line := strings.TrimSpace(rest); line != "" {
+			var given sandbox.Network
+			if err := json.Unmarshal([]byte(line), &given); err == nil {
+				if p, err := netpolicy.Parse(given); err == nil {
+					s.policy, s.given = p, given
+				}
+			}
+		}
 		m.sbx[s.id], m.byIdx[idx] = s, s
 	}
 	return nil

@@ -365,3 +365,62 @@ func TestAttachAgainRewritesOnlyAChangedPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A restart (a new Manager over the same state) writes each sandbox's own
+// policy with the table it writes whole: a running sandbox's new
+// connections follow that policy throughout, not egress none until
+// recovery attaches the sandbox again (and that attach writes nothing).
+func TestRestartKeepsEachSandboxsPolicy(t *testing.T) {
+	nettest.Root(t)
+	up := nettest.NewUpstream(t, 58)
+	ctx := context.Background()
+	cfg := Config{Range: up.SandboxRange(), Uplink: up.Uplink, Gateway: up.Gateway, DNS: up.DNS, StateDir: t.TempDir()}
+	target := "http://" + up.Public[0].String() + "/"
+	before, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after *Manager
+	t.Cleanup(func() {
+		if after == nil {
+			before.Destroy()
+		}
+	})
+	for id, egress := range map[string]string{"sbx_p": "public", "sbx_n": "none"} {
+		if _, err := before.Attach(ctx, id, runtime.NetNamespace, sandbox.Network{Egress: egress}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before.Close()
+	if after, err = New(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(after.Destroy)
+	if out := curl(after, "sbx_p", target); !reached(out) {
+		t.Fatalf("public egress right after a restart, before recovery: %s", out)
+	}
+	if out := curl(after, "sbx_n", target); reached(out) {
+		t.Fatalf("egress none reached upstream after a restart: %s", out)
+	}
+	chains := func() int64 {
+		c, err := newNFT()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rules, err := c.GetRules(after.nftTable(), &nftables.Chain{Name: after.chainNames(after.sbx["sbx_p"].idx)[1], Table: after.nftTable()})
+		if err != nil || len(rules) == 0 {
+			t.Fatalf("the sandbox's policy chain: %v", err)
+		}
+		return int64(rules[0].Handle)
+	}
+	first := chains()
+	if _, err := after.Attach(ctx, "sbx_p", runtime.NetNamespace, sandbox.Network{Egress: "public"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if again := chains(); again != first {
+		t.Errorf("recovery's attach wrote the policy the restart had written already")
+	}
+	if out := curl(after, "sbx_p", target); !reached(out) {
+		t.Fatalf("public egress after recovery: %s", out)
+	}
+}

@@ -143,7 +143,8 @@ func (m *Manager) writeRules() error {
 		return err
 	}
 	for _, s := range sbxs {
-		s.inTable, s.written = true, s.policy
+		given := s.given
+		s.inTable, s.written, s.writtenAs = true, s.policy, &given
 	}
 	return nil
 }
@@ -169,8 +170,11 @@ func (m *Manager) updateRules(s *sbxNet) error {
 	if err := c.Flush(); err != nil {
 		return err
 	}
-	s.inTable, s.written = true, s.policy
-	return nil
+	given := s.given
+	s.inTable, s.written, s.writtenAs = true, s.policy, &given
+	// Its allocation's file records the policy, which a restart writes
+	// again at once (load).
+	return m.saveAlloc(s)
 }
 
 // removeRules deletes one sandbox's map elements and chains.
