@@ -4,6 +4,7 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -308,6 +309,31 @@ func (r *Runtime) kill(id string) bool {
 	return r.isSandboxProcess(pid, id) && syscall.Kill(pid, syscall.SIGKILL) == nil
 }
 
+// goferOf is the gofer process runsc's record of the container names
+// (named), if it is still running as that container's gofer (pid; 0: it
+// has ended, as a gofer does soon after its sandbox).
+func (r *Runtime) goferOf(id string) (pid int, named bool) {
+	states, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*.state"))
+	if len(states) != 1 {
+		return 0, false
+	}
+	b, err := os.ReadFile(states[0])
+	if err != nil {
+		return 0, false
+	}
+	var st struct {
+		GoferPid int `json:"goferPid"`
+	}
+	if json.Unmarshal(b, &st) != nil || st.GoferPid <= 0 {
+		return 0, false
+	}
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", st.GoferPid))
+	if err != nil || !strings.Contains(string(cmd), "runsc-gofer") || !strings.Contains(string(cmd), id) {
+		return 0, true
+	}
+	return st.GoferPid, true
+}
+
 // killStrays ends what is left of a sandbox's host processes that runsc no
 // longer knows of: a gofer or sandbox process whose `runsc restore` or
 // `runsc run` was killed before runsc recorded them (their command names
@@ -334,16 +360,25 @@ func killStrays(id string) (killed []int) {
 }
 
 // clearAway makes way for the next start of a suspended sandbox whose
-// process (pid) was just killed: what names its container — runsc's
-// record and control socket, its cgroups — is removed or moved aside at
-// once, and what its dying processes still hold goes in the background.
+// process (pid) was just killed: its gofer (as runsc's record names it) is
+// killed too, what names its container — runsc's record and control
+// socket, its cgroups — is removed or moved aside at once, and what its
+// dying processes still hold goes in the background.
 // runsc's own delete waits for the sandbox's teardown (its memory given
 // back and its threads ended: 20–60 ms for 200 MiB), and a wake that
 // followed at once waited for that. A cgroup is moved aside under a name of
 // its own (`<id>.ended-<time>`), which no start ever joins; the start's
 // sweep removes one a killed server left.
 func (r *Runtime) clearAway(id string, pid int) error {
-	pids := append(killStrays(id), pid) // its gofer, and the sandbox itself
+	pids := []int{pid}
+	switch g, named := r.goferOf(id); {
+	case g > 0 && syscall.Kill(g, syscall.SIGKILL) == nil:
+		pids = append(pids, g)
+	case !named:
+		// No record to name it: look for it among every process (6 ms
+		// here; 87 ms with a thousand more processes on the host).
+		pids = append(pids, killStrays(id)...)
+	}
 	stamp := fmt.Sprintf(".ended-%d", time.Now().UnixNano())
 	var moved []string
 	defer func() {

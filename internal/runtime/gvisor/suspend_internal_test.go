@@ -17,6 +17,7 @@ import (
 	"github.com/spacesandbox/space/internal/agent/proto"
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/ids"
+	"github.com/spacesandbox/space/internal/procfs"
 	"github.com/spacesandbox/space/internal/runtime"
 	"github.com/spacesandbox/space/internal/runtime/runtimetest"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -437,8 +438,15 @@ func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
 	id := spec.SandboxID
 	writeKept(ctx, t, c)
 	fillMemory(ctx, t, c)
+	gofer, _ := r.goferOf(id)
+	if gofer == 0 {
+		t.Fatal("runsc's record names no running gofer of the sandbox")
+	}
 	if err := r.Suspend(ctx, spec); err != nil {
 		t.Fatal(err)
+	}
+	if p, err := procfs.Stat(gofer); err == nil && !p.Ending() {
+		t.Errorf("the sandbox's gofer (%d) runs on after the suspend", gofer)
 	}
 	if left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(left) > 0 {
 		t.Errorf("runsc's record of the container is there after the suspend: %v", left)
