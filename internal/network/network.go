@@ -109,6 +109,13 @@ type sbxNet struct {
 	writtenAs *sandbox.Network
 }
 
+// wrote records that its chains and map elements now hold its policy (a
+// copy of it as given: Apply replaces the sandbox's own).
+func (s *sbxNet) wrote() {
+	given := s.given
+	s.inTable, s.written, s.writtenAs = true, s.policy, &given
+}
+
 // New sets up the host side and starts the resolver and proxy. It needs
 // root (CAP_NET_ADMIN).
 func New(ctx context.Context, cfg Config) (*Manager, error) {

@@ -143,8 +143,7 @@ func (m *Manager) writeRules() error {
 		return err
 	}
 	for _, s := range sbxs {
-		given := s.given
-		s.inTable, s.written, s.writtenAs = true, s.policy, &given
+		s.wrote()
 	}
 	return nil
 }
@@ -170,8 +169,7 @@ func (m *Manager) updateRules(s *sbxNet) error {
 	if err := c.Flush(); err != nil {
 		return err
 	}
-	given := s.given
-	s.inTable, s.written, s.writtenAs = true, s.policy, &given
+	s.wrote()
 	// Its allocation's file records the policy, which a restart writes
 	// again at once (load).
 	return m.saveAlloc(s)
