@@ -404,13 +404,23 @@ func (r *Runtime) clearAway(id string, pid int) error {
 			return fmt.Errorf("move the cgroup of %s aside: %w", id, err)
 		}
 	}
-	left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"))
-	for _, p := range left {
-		if err := os.RemoveAll(p); err != nil {
-			return fmt.Errorf("remove runsc's record of %s: %w", id, err)
-		}
+	if err := r.removeRecord(id); err != nil {
+		return fmt.Errorf("remove runsc's record of %s: %w", id, err)
 	}
 	return nil
+}
+
+// removeRecord removes what runsc's root holds of a container: its record,
+// lock and control socket.
+func (r *Runtime) removeRecord(id string) error {
+	left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"))
+	var errs []error
+	for _, p := range left {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (r *Runtime) freeze(ctx context.Context, spec runtime.Spec, verb, want string) error {
@@ -771,13 +781,7 @@ func (r *Runtime) forgetContainer(id string) error {
 	for _, pid := range killStrays(id) {
 		waitGone(context.Background(), pid, 5*time.Second)
 	}
-	left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"))
-	var errs []error
-	for _, p := range left {
-		if err := os.RemoveAll(p); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs := []error{r.removeRecord(id)}
 	// Its cgroup, which runsc's delete would have removed, once its
 	// processes are gone, and any a suspend moved aside (clearAway).
 	for _, cg := range sandboxCgroups(id + "*") {
