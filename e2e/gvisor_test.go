@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spacesandbox/space/internal/runtime/runtimetest"
 )
 
 // realRuntimes are the runtimes that run real sandboxes; in CI both must.
@@ -204,31 +206,28 @@ func testDeleteLeavesNothing(t *testing.T, rt string) {
 			s.lifecycle(sbx, "suspend", "suspended")
 		}
 		s.lifecycle(sbx, "delete", "deleted")
-		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-		for _, p := range procs {
-			if b, _ := os.ReadFile(p); bytes.Contains(b, []byte(sbx)) {
-				t.Fatalf("%s: process %s still runs for it", final, p)
+		// Its processes are ended by the delete; their teardown, the
+		// removal of their cgroups and of its network, may finish just
+		// after it.
+		for deadline := time.Now().Add(runtimetest.TeardownBound); ; time.Sleep(10 * time.Millisecond) {
+			left := runtimetest.ProcessesAndCgroups(sbx, "space*")
+			if b, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(b, []byte(sbx)) {
+				left = append(left, "a mount")
 			}
-		}
-		if b, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(b, []byte(sbx)) {
-			t.Fatalf("%s: a mount remains", final)
-		}
-		m, _ := filepath.Glob("/sys/fs/cgroup/*/space*/" + sbx + "*")
-		m2, _ := filepath.Glob("/sys/fs/cgroup/space*/" + sbx + "*")
-		if m = append(m, m2...); len(m) > 0 {
-			t.Fatalf("%s: cgroups remain: %v", final, m)
-		}
-		var left []string
-		for _, root := range []string{s.dataDir, "/run"} {
-			filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
-				if strings.Contains(p, sbx) {
-					left = append(left, p)
-				}
-				return nil
-			})
-		}
-		if len(left) > 0 {
-			t.Fatalf("%s: files remain: %v", final, left)
+			for _, root := range []string{s.dataDir, "/run"} {
+				filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+					if strings.Contains(p, sbx) {
+						left = append(left, p)
+					}
+					return nil
+				})
+			}
+			if len(left) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: still on the host %v after the delete: %v", final, runtimetest.TeardownBound, left)
+			}
 		}
 	}
 	// With no sandbox left, a graceful stop leaves no mount under the data

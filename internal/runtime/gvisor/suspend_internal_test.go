@@ -463,3 +463,54 @@ func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
 	}
 	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
 }
+
+// A delete ends a running or paused sandbox at once: when Delete returns,
+// its processes are ending, runsc's record, its files and any cgroup under
+// its name are gone — a create of the same id (a retried create) starts
+// at once in a cgroup of its own — and what the dying processes still
+// held goes within the teardown bound.
+func TestDeleteEndsTheSandboxAtOnce(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	for _, paused := range []bool{false, true} {
+		spec, c := started(ctx, t, r, newSpec)
+		id := spec.SandboxID
+		fillMemory(ctx, t, c)
+		pid := r.pidOf(id)
+		gofer, _ := r.goferOf(id)
+		if pid == 0 || gofer == 0 {
+			t.Fatalf("no sandbox process (%d) or gofer (%d) named", pid, gofer)
+		}
+		if paused {
+			if err := r.Pause(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.Delete(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		for what, p := range map[string]int{"process": pid, "gofer": gofer} {
+			if s, err := procfs.Stat(p); err == nil && !s.Ending() && !s.Gone() {
+				t.Errorf("paused=%v: the sandbox's %s (%d) runs on after the delete", paused, what, p)
+			}
+		}
+		if left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(left) > 0 {
+			t.Errorf("paused=%v: runsc's record of the container is there after the delete: %v", paused, left)
+		}
+		if cg := sandboxCgroups(id); len(cg) > 0 {
+			t.Errorf("paused=%v: cgroups keep the sandbox's name after the delete: %v", paused, cg)
+		}
+		if _, err := os.Stat(r.sandboxDir(id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("paused=%v: the sandbox's directory is there after the delete: %v", paused, err)
+		}
+		if err := r.Create(ctx, spec); err != nil {
+			t.Fatalf("paused=%v: create the same id again at once: %v", paused, err)
+		}
+		if err := r.Delete(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
+	}
+}
