@@ -358,9 +358,9 @@ func testBenchQuick(t *testing.T, rt string) {
 			BareNote    string `json:"bare_note"`
 		}
 	}
-	// Thirteen rows on every runtime, fork and create-from-snapshot
+	// Fourteen rows on every runtime, delete, fork and create-from-snapshot
 	// included, and output on SSE and on the binary stream.
-	const want = 13
+	const want = 14
 	if err := json.Unmarshal(b, &rep); err != nil || rep.Runtime != rt || len(rep.Rows) != want || !rep.Baseline {
 		t.Fatalf("report = %s (%v)", b, err)
 	}
@@ -370,6 +370,9 @@ func testBenchQuick(t *testing.T, rt string) {
 		}
 		if r.Key == "create" && r.Samples != 3 {
 			t.Fatalf("create row has %d samples: --runs 3 beside --quick was not kept", r.Samples)
+		}
+		if r.Key == "delete" && r.Samples != 2 {
+			t.Fatalf("delete row has %d samples, want 2 (every create's sandbox but the last)", r.Samples)
 		}
 		// Every row but the control plane's reads has a bare equivalent.
 		if r.Key != "reads" && (r.Bare <= 0 || r.Ratio <= 0) {

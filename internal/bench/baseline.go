@@ -63,6 +63,7 @@ type bareKey string
 
 const (
 	bareCreate  bareKey = "create"
+	bareDelete  bareKey = "delete"
 	bareExec    bareKey = "exec"
 	bareDD      bareKey = "stdout_dd"
 	bareHead    bareKey = "stdout_head"

@@ -216,14 +216,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		creates = 1
 	}
 	say("create → running, %d runs", creates)
-	var ds []time.Duration
-	var bareXs []float64
+	var ds, dels []time.Duration
+	var bareXs, bareDels []float64
 	// As the bare sandbox is, each sandbox but the last is deleted before
 	// the next create: the rows after it run beside one sandbox, not beside
 	// every sandbox the create row made (idle VMs under TCG cost CPU).
+	// Those deletes are the delete row.
 	for i := 0; i < creates; i++ {
 		if i > 0 {
-			deleted(ctx, c, made[len(made)-1])
+			d, err := b.step(ctx, made[len(made)-1], "delete")
+			if err != nil {
+				return nil, err
+			}
+			dels = append(dels, d)
 		}
 		id, d, err := b.create(ctx)
 		if id != "" {
@@ -240,9 +245,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		if b.bare != nil {
 			if i > 0 {
-				if err := b.bare.Delete(ctx); err != nil {
-					return nil, fmt.Errorf("baseline: delete: %w", err)
+				x, err := timed(ctx, "delete", b.bare.Delete)
+				if err != nil {
+					return nil, err
 				}
+				bareDels = append(bareDels, x)
 			}
 			x, err := timed(ctx, "create", b.bare.Create)
 			if err != nil {
@@ -266,6 +273,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer func() { rep.Rows = append(rep.Rows, rows...) }()
 	}
 	rep.Rows = append(rep.Rows, b.compared(latencyRow(bareCreate, "create → running (API call to operation succeeded; a warm pool serves it when one is set)", "p50 ≤ 50 ms from a pool/snapshot; cold gvisor p50 ≤ 300 ms", ds), bareXs))
+	if len(dels) > 0 {
+		rep.Rows = append(rep.Rows, b.compared(latencyRow(bareDelete, "delete a running sandbox → deleted", "≤ 1.1× bare", dels), bareDels))
+	}
 
 	say("exec round trip (`true`), %d runs", cfg.Runs)
 	// One command first, not measured: the bare row's sandbox ran its

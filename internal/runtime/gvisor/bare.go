@@ -141,15 +141,14 @@ func (b *Bare) runCopy(ctx context.Context, id, image string) error {
 	return b.exec(ctx, cp, io.Discard, "true")
 }
 
-// Delete ends the sandbox (absent is success); the bundle stays for the
+// Delete ends the sandbox with runsc delete --force, as a user of bare
+// gVisor would (absent is success); the bundle stays for the
 // next Create.
 func (b *Bare) Delete(ctx context.Context) error {
-	st, err := b.r.state(ctx, b.spec)
-	if err != nil || st == nil {
+	if _, err := b.r.runsc(ctx, b.spec, "delete", "--force", b.spec.SandboxID); err != nil && !notExist(err) {
 		return err
 	}
-	_, err = b.r.runsc(ctx, b.spec, "delete", "--force", b.spec.SandboxID)
-	return err
+	return nil
 }
 
 // Close deletes the sandbox and removes its directory.
