@@ -177,9 +177,7 @@ func TestProductionBackends(t *testing.T) {
 	}
 	// Delete takes its snapshot out of the bucket.
 	s.lifecycle(sbx, "delete", "deleted")
-	if objs := objectsOf(t, srv, bucket, sbx); len(objs) != 0 {
-		t.Errorf("after delete the bucket still holds %v", objs)
-	}
+	waitFor(t, "the bucket emptied of the deleted sandbox", func() bool { return len(objectsOf(t, srv, bucket, sbx)) == 0 })
 
 	// The templates are in the bucket too: a node that lost its template
 	// store fetches what a create needs.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -293,14 +294,13 @@ func testSandboxNetwork(t *testing.T, s *server, rt string) {
 		for _, id := range []string{a.ID, b.ID} {
 			s.lifecycle(id, "delete", "deleted")
 		}
+		// The network goes just after the delete is recorded.
 		for _, id := range []string{a.ID, b.ID} {
-			out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
-			if strings.Contains(string(out), id) {
-				t.Errorf("network namespace of %s left: %s", id, out)
-			}
-			if _, err := os.Stat(filepath.Join(s.dataDir, "network", id)); err == nil {
-				t.Errorf("address allocation of %s left", id)
-			}
+			waitFor(t, "the network of "+id+" removed", func() bool {
+				out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
+				_, err := os.Stat(filepath.Join(s.dataDir, "network", id))
+				return !strings.Contains(string(out), id) && errors.Is(err, os.ErrNotExist)
+			})
 		}
 		out, _ := exec.Command("ip", "-o", "link", "show").CombinedOutput()
 		for _, l := range strings.Split(string(out), "\n") {

@@ -171,15 +171,21 @@ func (e *Engine) execute(op sandbox.Operation) {
 		err = e.lookAgain(ctx, rt, op, spec, op.Kind.Target())
 	}
 	if err == nil {
-		to := op.Kind.Target()
+		e.finish(log, op, start, sandbox.OpSucceeded, nil, op.Kind.Target(), nil)
 		if op.Kind == sandbox.OpDelete {
+			// Nothing of the sandbox runs any more: what is left of it
+			// on the host — its network (links, namespace, firewall
+			// chains: 20–40 ms, most of it kernel grace periods), its
+			// snapshot files and stored snapshot — goes once its delete
+			// is recorded, not while its client waits. A crash in
+			// between leaves them to the next start's sweeps
+			// (pruneNetworks, sweepSnapshotRoot, sweepArchive).
 			e.detach(bk, sb.ID)
 			if rmErr := os.RemoveAll(spec.SnapshotDir); rmErr != nil {
 				log.Warn("remove snapshot directory", "err", rmErr)
 			}
 			e.forgetSnapshot(bk, sb.ID)
 		}
-		e.finish(log, op, start, sandbox.OpSucceeded, nil, to, nil)
 		return
 	}
 	log.Error("operation failed", "err", err)
