@@ -168,7 +168,8 @@ func TestArchive_FaultInjection(t *testing.T) {
 	if op := lifecycleOp(t, w, "delete", sb.ID); op.State != sandbox.OpSucceeded {
 		t.Fatalf("delete = %+v", op)
 	}
-	if a.stored[sb.ID] {
+	// (Removed just after the delete is recorded.)
+	if !eventually(5*time.Second, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return !a.stored[sb.ID] }) {
 		t.Fatal("delete left the snapshot in the blob store")
 	}
 }
