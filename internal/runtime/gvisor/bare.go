@@ -34,7 +34,7 @@ func NewBare(runsc, platform, dir, rootfs string, res sandbox.Resources) (*Bare,
 	if platform == "" {
 		platform = "systrap"
 	}
-	r := &Runtime{cfg: Config{Runsc: runsc, Dir: dir, SocketDir: filepath.Join(dir, "s"), Templates: runtime.FixedTemplate(rootfs), Platform: platform}, direct: directIO(dir)}
+	r := &Runtime{cfg: Config{Runsc: runsc, Dir: dir, SocketDir: filepath.Join(dir, "s"), Templates: runtime.FixedTemplate(rootfs), Platform: platform}, direct: directIO(dir), moveCgroup: os.Rename}
 	for _, d := range []string{filepath.Join(dir, "runsc"), r.cfg.SocketDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("bare gvisor: %w", err)

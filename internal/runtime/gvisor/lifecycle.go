@@ -396,7 +396,7 @@ func (r *Runtime) clearAway(id string, pid int) error {
 		}()
 	}()
 	for _, cg := range sandboxCgroups(id) {
-		switch err := os.Rename(cg, cg+stamp); {
+		switch err := r.moveCgroup(cg, cg+stamp); {
 		case err == nil:
 			moved = append(moved, cg+stamp)
 		case errors.Is(err, os.ErrNotExist): // a v1 controller mounted with another, moved already
@@ -530,12 +530,22 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	// (clearAway); without a pid to kill, or where that fails, runsc's
 	// delete is waited for beside making the image durable.
 	deleted := make(chan error, 1)
-	if pid := r.pidOf(id); r.kill(id) && r.clearAway(id, pid) == nil {
+	pid := r.pidOf(id)
+	killed := r.kill(id)
+	if killed && r.clearAway(id, pid) == nil {
 		deleted <- nil
 	} else {
 		go func() {
 			_, err := r.runsc(ctx, spec, "delete", "--force", id)
 			if notExist(err) {
+				err = nil
+			}
+			if err != nil && killed {
+				// Its process was killed: the image is the sandbox, and
+				// the suspend stands. What runsc left of the container
+				// is cleared by the next wake (a container in the way is
+				// deleted first) or delete (forgetContainer).
+				r.log.Warn("gvisor: runsc delete after a suspend failed; the sandbox was killed and its save stands", "sandbox_id", id, "err", err)
 				err = nil
 			}
 			deleted <- err

@@ -514,3 +514,58 @@ func TestDeleteEndsTheSandboxAtOnce(t *testing.T) {
 		runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
 	}
 }
+
+// On a cgroup v2 host a suspend cannot move the killed sandbox's cgroups
+// aside and waits for `runsc delete` instead. A delete that fails then
+// (FAULT INJECTED: the rename refused as v2 refuses it, and a runsc wrapper
+// failing every delete) must not fail the suspend: the sandbox's process
+// was killed and its image is complete, so the sandbox is suspended, and
+// the next wake — runsc deleting again — brings it back with its files. It
+// used to fail the suspend, and the engine then failed the sandbox.
+func TestSuspendStandsWhenTheDeleteAfterItFailsFaultInjection(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	runsc, _ := runtimetest.RequireRunsc(t)
+	refuse := filepath.Join(t.TempDir(), "refuse-delete")
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := `#!/bin/sh
+if [ -e "` + refuse + `" ]; then
+	case " $* " in *" delete "*) echo "FAULT INJECTED: delete refused" >&2; exit 1 ;; esac
+fi
+exec "` + runsc + `" "$@"
+`
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := open(wrapper)
+	r.moveCgroup = func(from, to string) error {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: syscall.EPERM}
+	}
+	spec, c := started(ctx, t, r, newSpec)
+	writeKept(ctx, t, c)
+	pid := r.pidOf(spec.SandboxID)
+	if err := os.WriteFile(refuse, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Suspend(ctx, spec); err != nil {
+		t.Fatalf("a suspend whose runsc delete failed after the kill: %v", err)
+	}
+	if p, err := procfs.Stat(pid); err == nil && !p.Ending() && !p.Gone() {
+		t.Errorf("the sandbox's process (%d) runs on after the suspend", pid)
+	}
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusSuspended {
+		t.Fatalf("after the suspend: %v %v, want suspended", st, err)
+	}
+	if err := os.Remove(refuse); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Restore(ctx, spec); err != nil {
+		t.Fatalf("wake: %v", err)
+	}
+	expectKept(ctx, t, r, spec)
+	if err := r.Delete(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.AssertNothingLeft(t, spec.SandboxID, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+spec.SandboxID+"*"), r.sandboxDir(spec.SandboxID))
+}
