@@ -366,9 +366,9 @@ func killStrays(id string) (killed []int) {
 // aside at once, and what its dying processes still hold goes in the
 // background. runsc's own delete waits for the sandbox's teardown (its
 // memory given back and its threads ended: 20–60 ms for 200 MiB), and a
-// wake that followed a suspend at once waited for that. A cgroup is moved aside under a name of
-// its own (`<id>.ended-<time>`), which no start ever joins; the start's
-// sweep removes one a killed server left.
+// wake that followed a suspend at once waited for that. A cgroup is moved
+// aside under a name of its own (`<id>.ended-<time>`), which no start ever
+// joins; the start's sweep removes one a killed server left.
 func (r *Runtime) clearAway(id string, pid int) error {
 	pids := []int{pid}
 	switch g, named := r.goferOf(id); {
@@ -941,8 +941,8 @@ func sweepCgroups() int {
 			continue
 		}
 		if strings.Contains(filepath.Base(cg), ".ended-") {
-			// Moved aside by a suspend or delete (clearAway): never joined again,
-			// and empty once its processes have gone.
+			// Moved aside by a suspend or a delete (clearAway): never
+			// joined again, and empty once its processes have gone.
 			if removeCgroup(cg) == nil {
 				removed++
 			}
