@@ -309,6 +309,17 @@ func (r *Runtime) kill(id string) bool {
 	return r.isSandboxProcess(pid, id) && syscall.Kill(pid, syscall.SIGKILL) == nil
 }
 
+// endAtOnce kills the sandbox's process, if the pid file names it, and
+// clears its container away (clearAway): killed is false when there was
+// none to kill, and err says why the clearing failed.
+func (r *Runtime) endAtOnce(id string) (killed bool, err error) {
+	pid := r.pidOf(id)
+	if !r.kill(id) {
+		return false, nil
+	}
+	return true, r.clearAway(id, pid)
+}
+
 // goferOf is the gofer process runsc's record of the container names
 // (named), if it is still running as that container's gofer (pid; 0: it
 // has ended, as a gofer does soon after its sandbox).
@@ -530,9 +541,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	// (clearAway); without a pid to kill, or where that fails, runsc's
 	// delete is waited for beside making the image durable.
 	deleted := make(chan error, 1)
-	pid := r.pidOf(id)
-	killed := r.kill(id)
-	if killed && r.clearAway(id, pid) == nil {
+	if killed, err := r.endAtOnce(id); killed && err == nil {
 		deleted <- nil
 	} else {
 		go func() {
@@ -758,8 +767,8 @@ func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 	// Without a process of its own to kill (ended already, or never
 	// started), or where clearing fails, runsc deletes what it knows of.
 	var errs []error
-	pid := r.pidOf(id)
-	quick := r.kill(id) && r.clearAway(id, pid) == nil
+	killed, err := r.endAtOnce(id)
+	quick := killed && err == nil
 	if !quick {
 		if err := r.deleteContainer(ctx, spec); err != nil {
 			return err
