@@ -5,6 +5,7 @@ package gvisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -331,7 +332,7 @@ func TestTornRunscRecordFaultInjection(t *testing.T) {
 	if err := r.Delete(ctx, spec); err != nil {
 		t.Fatalf("delete a container with a torn record: %v", err)
 	}
-	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
+	assertNothingLeft(t, r, id)
 }
 
 // TestForgetAKilledSandboxAtOnceFaultInjection: a sandbox killed from
@@ -357,7 +358,7 @@ func TestForgetAKilledSandboxAtOnceFaultInjection(t *testing.T) {
 	}
 	os.RemoveAll(r.sandboxDir(id))
 	os.RemoveAll(r.socketDir(id))
-	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
+	assertNothingLeft(t, r, id)
 }
 
 // The start's sweep removes a sandbox cgroup nothing runs in, and keeps
@@ -445,15 +446,7 @@ func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
 	if err := r.Suspend(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := procfs.Stat(gofer); err == nil && !p.Ending() {
-		t.Errorf("the sandbox's gofer (%d) runs on after the suspend", gofer)
-	}
-	if left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(left) > 0 {
-		t.Errorf("runsc's record of the container is there after the suspend: %v", left)
-	}
-	if cg := sandboxCgroups(id); len(cg) > 0 {
-		t.Errorf("the sandbox's cgroups keep their name after the suspend: %v", cg)
-	}
+	assertClearedAway(t, r, id, "the suspend", map[string]int{"gofer": gofer})
 	if err := r.Restore(ctx, spec); err != nil {
 		t.Fatalf("wake at once: %v", err)
 	}
@@ -461,6 +454,32 @@ func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
 	if err := r.Delete(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
+	assertNothingLeft(t, r, id)
+}
+
+// assertClearedAway checks what a suspend or delete that cleared the
+// sandbox's container away (clearAway) leaves the moment it returns: the
+// processes named ending or gone, no runsc record, no cgroup under the
+// sandbox's name.
+func assertClearedAway(t *testing.T, r *Runtime, id, after string, procs map[string]int) {
+	t.Helper()
+	for what, p := range procs {
+		if s, err := procfs.Stat(p); err == nil && !s.Ending() {
+			t.Errorf("the sandbox's %s (%d) runs on after %s", what, p, after)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(left) > 0 {
+		t.Errorf("runsc's record of the container is there after %s: %v", after, left)
+	}
+	if cg := sandboxCgroups(id); len(cg) > 0 {
+		t.Errorf("cgroups keep the sandbox's name after %s: %v", after, cg)
+	}
+}
+
+// assertNothingLeft is runtimetest.AssertNothingLeft for a sandbox of r:
+// runsc's record and the sandbox's directory included.
+func assertNothingLeft(t *testing.T, r *Runtime, id string) {
+	t.Helper()
 	runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
 }
 
@@ -491,17 +510,7 @@ func TestDeleteEndsTheSandboxAtOnce(t *testing.T) {
 		if err := r.Delete(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
-		for what, p := range map[string]int{"process": pid, "gofer": gofer} {
-			if s, err := procfs.Stat(p); err == nil && !s.Ending() && !s.Gone() {
-				t.Errorf("paused=%v: the sandbox's %s (%d) runs on after the delete", paused, what, p)
-			}
-		}
-		if left, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(left) > 0 {
-			t.Errorf("paused=%v: runsc's record of the container is there after the delete: %v", paused, left)
-		}
-		if cg := sandboxCgroups(id); len(cg) > 0 {
-			t.Errorf("paused=%v: cgroups keep the sandbox's name after the delete: %v", paused, cg)
-		}
+		assertClearedAway(t, r, id, fmt.Sprintf("the delete (paused=%v)", paused), map[string]int{"process": pid, "gofer": gofer})
 		if _, err := os.Stat(r.sandboxDir(id)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("paused=%v: the sandbox's directory is there after the delete: %v", paused, err)
 		}
@@ -511,7 +520,7 @@ func TestDeleteEndsTheSandboxAtOnce(t *testing.T) {
 		if err := r.Delete(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
-		runtimetest.AssertNothingLeft(t, id, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*"), r.sandboxDir(id))
+		assertNothingLeft(t, r, id)
 	}
 }
 
@@ -567,5 +576,5 @@ exec "` + runsc + `" "$@"
 	if err := r.Delete(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	runtimetest.AssertNothingLeft(t, spec.SandboxID, "space", filepath.Join(r.cfg.Dir, "runsc", "*"+spec.SandboxID+"*"), r.sandboxDir(spec.SandboxID))
+	assertNothingLeft(t, r, spec.SandboxID)
 }
