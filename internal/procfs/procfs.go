@@ -86,3 +86,29 @@ func Stat(pid int) (Process, error) {
 	}
 	return Process{State: f[0][0], Flags: flags}, nil
 }
+
+// KillPending reports whether process pid has a SIGKILL it has not acted on
+// yet: kill(2) returns before the process runs to take it, and until then
+// /proc/<pid>/stat shows it as it was. Such a process is ending all the same.
+func KillPending(pid int) (bool, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false, err
+	}
+	return killPending(b), nil
+}
+
+// killPending reads a /proc/<pid>/status: SIGKILL (signal 9, bit 8) in the
+// signals pending for the thread (SigPnd) or the whole process (ShdPnd).
+func killPending(status []byte) bool {
+	for line := range strings.SplitSeq(string(status), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "SigPnd" && k != "ShdPnd") {
+			continue
+		}
+		if mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && mask&(1<<8) != 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -49,3 +49,32 @@ func TestStat(t *testing.T) {
 		t.Fatal("a reaped child still has a stat")
 	}
 }
+
+// A SIGKILL not yet taken shows in the pending masks of /proc/<pid>/status
+// (the process's own or its thread's); other signals do not count, and a
+// live process has none.
+func TestKillPending(t *testing.T) {
+	status := func(sig, shd string) []byte {
+		return []byte("Name:\tsleep\nState:\tS (sleeping)\nSigQ:\t1/95594\nSigPnd:\t" + sig + "\nShdPnd:\t" + shd + "\nSigBlk:\t0000000000000100\n")
+	}
+	for _, c := range []struct {
+		sig, shd string
+		want     bool
+	}{
+		{"0000000000000000", "0000000000000000", false},
+		{"0000000000000000", "0000000000000100", true},
+		{"0000000000000100", "0000000000000000", true},
+		{"0000000000004000", "0000000000000002", false}, // SIGTERM, SIGINT
+		{"0000000000000000", "not hex", false},
+	} {
+		if got := killPending(status(c.sig, c.shd)); got != c.want {
+			t.Errorf("SigPnd %s ShdPnd %s: %v, want %v", c.sig, c.shd, got, c.want)
+		}
+	}
+	if got, err := KillPending(os.Getpid()); err != nil || got {
+		t.Fatalf("this process: %v %v", got, err)
+	}
+	if _, err := KillPending(1 << 30); err == nil {
+		t.Fatal("no error for a process that does not exist")
+	}
+}

@@ -131,7 +131,7 @@ func checkpointThenKill(ctx context.Context, t *testing.T, r *Runtime, spec runt
 	}
 	r.exits.Stop(id)
 	r.closeEndpoint(id)
-	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", gdir, id)...); err != nil {
 		t.Fatal(err)
 	}
 	if saved {
@@ -464,7 +464,10 @@ func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
 func assertClearedAway(t *testing.T, r *Runtime, id, after string, procs map[string]int) {
 	t.Helper()
 	for what, p := range procs {
-		if s, err := procfs.Stat(p); err == nil && !s.Ending() {
+		// Killed: ending, or a SIGKILL it has not been scheduled to take.
+		s, err := procfs.Stat(p)
+		killed, kerr := procfs.KillPending(p)
+		if err == nil && kerr == nil && !s.Ending() && !killed {
 			t.Errorf("the sandbox's %s (%d) runs on after %s", what, p, after)
 		}
 	}
