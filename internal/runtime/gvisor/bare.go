@@ -84,7 +84,7 @@ func (b *Bare) Suspend(ctx context.Context) error {
 	if err := os.MkdirAll(b.spec.SnapshotDir, 0o700); err != nil {
 		return err
 	}
-	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint("--image-path", b.spec.SnapshotDir, b.spec.SandboxID)...); err != nil {
+	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(false, "--image-path", b.spec.SnapshotDir, b.spec.SandboxID)...); err != nil {
 		return err
 	}
 	_, err := b.r.runsc(ctx, b.spec, "delete", "--force", b.spec.SandboxID)
@@ -101,19 +101,23 @@ func (b *Bare) Wake(ctx context.Context) error {
 }
 
 // Fork saves the running sandbox with runsc checkpoint --leave-running
-// (with SPACE's flags, as SPACE saves a fork's source), restores the
-// save as a second sandbox (its own bundle and overlay) and runs its first
-// command, then deletes the copy.
+// (with SPACE's flags, as SPACE saves a fork's source: an ephemeral save,
+// through the page cache), restores the save as a second sandbox (its own
+// bundle and overlay) and runs its first command, then deletes the copy
+// and the save.
 func (b *Bare) Fork(ctx context.Context) error {
 	img := filepath.Join(b.dir, "fork-image")
 	os.RemoveAll(img)
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		return err
 	}
-	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint("--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
+	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(true, "--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
 		return err
 	}
 	defer os.RemoveAll(img)
+	if err := sealSave(img, true); err != nil {
+		return err
+	}
 	return b.runCopy(ctx, "bare-fork", img)
 }
 

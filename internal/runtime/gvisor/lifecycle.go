@@ -507,7 +507,7 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	// --leave-running: a checkpoint that fails (a full disk) leaves the
 	// sandbox running as it was, instead of ending it with its state lost.
 	t0 := time.Now()
-	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", gdir, id)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", gdir, id)...); err != nil {
 		os.RemoveAll(gdir)
 		r.endpoint(id)
 		if wasPaused {
@@ -651,16 +651,21 @@ func (r *Runtime) savedAlready(ctx context.Context, spec runtime.Spec, exists bo
 }
 
 // checkpoint is runsc checkpoint with SPACE's flags: where the data
-// directory's file system takes O_DIRECT, the pages file is written with
-// it, and restore reads it with it too. A save then neither fills the page
-// cache nor, when durable, is written twice over (to the page cache, then
+// directory's file system takes O_DIRECT, a durable save's pages file is
+// written with it, and restore reads it with it too. A save then neither
+// fills the page cache nor is written twice over (to the page cache, then
 // by the fsync); and on a virtual machine's host, where every page the
 // cache takes costs a fault, the cache was the slow part: a fork of a
-// sandbox with 200 MiB dirty, its save written and its copy read through
-// the page cache, took 1.13–1.28 s here, with O_DIRECT both ways 0.67–0.94 s,
-// and a wake from suspend 0.74–0.94 s against 0.44–0.53 s (alternated).
-func (r *Runtime) checkpoint(args ...string) []string {
-	if r.direct {
+// sandbox with 200 MiB dirty whose save stayed in the page cache took
+// 1.13–1.28 s here, with O_DIRECT both ways 0.67–0.94 s, and a wake from
+// suspend 0.74–0.94 s against 0.44–0.53 s (alternated).
+//
+// An ephemeral save (a fork's) goes through the page cache instead: its
+// copies read it from there, and it is gone, unwritten, once they have
+// loaded it (restoreFrom), so the pages it takes are given back at once
+// and taken again by the next one instead of fresh ones each time.
+func (r *Runtime) checkpoint(ephemeral bool, args ...string) []string {
+	if r.direct && !ephemeral {
 		return append([]string{"checkpoint", "--direct"}, args...)
 	}
 	return append([]string{"checkpoint"}, args...)

@@ -123,7 +123,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	agent := r.redialingAgent(ctx, id)
 	restart := agent == nil
 	t1 := time.Now()
-	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", tmp, id)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint(spec.Ephemeral, "--leave-running", "--image-path", tmp, id)...); err != nil {
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")
@@ -226,6 +226,12 @@ func publish(tmp, dir string, ephemeral bool) error {
 		return nil
 	}
 	return syncDir(filepath.Dir(dir))
+}
+
+// ephemeralSave reports whether the save in dir is ephemeral (a fork's).
+func ephemeralSave(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, ephemeralMark))
+	return err == nil
 }
 
 // savedThisBoot reports whether the save in dir can be trusted: a durable
@@ -396,7 +402,11 @@ const restoreImagePrefix = "restore-"
 // runs once the image's kernel state is loaded, and its memory pages in
 // while it runs. The pages are read from the sandbox's own links to the
 // image's files (in its snapshot directory, removed at its next checkpoint
-// or delete), so image itself may go as soon as this returns.
+// or delete), so image itself may go as soon as this returns. The links to
+// an ephemeral image go as soon as runsc has opened it (when its restore
+// returns): the sandbox reads its pages through the open file, and once
+// every copy has, the image (removed by its fork) is gone from the page
+// cache without having been written to the disk.
 func (r *Runtime) restoreFrom(ctx context.Context, spec runtime.Spec, image string) error {
 	id := spec.SandboxID
 	t0 := time.Now()
@@ -407,6 +417,9 @@ func (r *Runtime) restoreFrom(ctx context.Context, spec runtime.Spec, image stri
 	t1 := time.Now()
 	if err := r.restore(ctx, spec, own, r.pidPath(id)); err != nil {
 		return err
+	}
+	if ephemeralSave(own) {
+		os.RemoveAll(own)
 	}
 	t2 := time.Now()
 	err := r.ready(ctx, spec, true)

@@ -4,6 +4,7 @@ package gvisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spacesandbox/space/internal/agent/proto"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -114,7 +118,7 @@ func TestSnapshotRetriedAfterACrashGetsTheAgentBack(t *testing.T) {
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", img, spec.SandboxID)...); err != nil {
+	if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", img, spec.SandboxID)...); err != nil {
 		t.Fatal(err)
 	}
 	r.Close()
@@ -294,7 +298,7 @@ func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
 				if err := os.MkdirAll(img, 0o700); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := r.runsc(ctx, spec, r.checkpoint("--leave-running", "--image-path", img, id)...); err != nil {
+				if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", img, id)...); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -326,4 +330,108 @@ func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A fork's save (ephemeral) is written through the page cache, where its
+// copies read it from, while a durable save is written around the cache
+// (O_DIRECT, where the file system takes it). A copy keeps no link to an
+// ephemeral image once restored: when the fork removes the image, only the
+// copies' loading holds it, and nothing does soon after, so its pages are
+// dropped from the cache without being written to the disk.
+func TestEphemeralSaveIsCachedAndLeftByItsCopies(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, c := started(ctx, t, r, newSpec)
+	writeKept(ctx, t, c)
+
+	durable := filepath.Join(t.TempDir(), "durable")
+	if err := r.Snapshot(ctx, spec, durable); err != nil {
+		t.Fatal(err)
+	}
+	eph := spec
+	eph.Ephemeral = true
+	img := filepath.Join(t.TempDir(), "image")
+	if err := r.Snapshot(ctx, eph, img); err != nil {
+		t.Fatal(err)
+	}
+	if r.direct {
+		if f := cachedFraction(t, filepath.Join(durable, "pages.img")); f > 0.5 {
+			t.Errorf("%.0f%% of a durable save's pages are in the page cache; want it written with O_DIRECT", f*100)
+		}
+	} else {
+		t.Logf("the test's directory does not take O_DIRECT: the durable save is not checked")
+	}
+	if f := cachedFraction(t, filepath.Join(img, "pages.img")); f < 0.9 {
+		t.Errorf("%.0f%% of an ephemeral save's pages are in the page cache; want it written through the cache", f*100)
+	}
+
+	var pids []int
+	for range 2 {
+		cp := newSpec()
+		if err := r.CreateFrom(ctx, cp, img); err != nil {
+			t.Fatal(err)
+		}
+		expectKept(ctx, t, r, cp)
+		ents, _ := os.ReadDir(cp.SnapshotDir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), restoreImagePrefix) {
+				t.Errorf("copy %s keeps %s, a link to the ephemeral image it restored from", cp.SandboxID, e.Name())
+			}
+		}
+		pids = append(pids, r.pidOf(cp.SandboxID))
+	}
+	if err := os.RemoveAll(img); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var held []string
+		for _, pid := range pids {
+			fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+			for _, fd := range fds {
+				if to, err := os.Readlink(fd); err == nil && strings.HasPrefix(to, img) {
+					held = append(held, fmt.Sprintf("process %d: %s", pid, to))
+				}
+			}
+		}
+		if len(held) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the removed ephemeral image is still open 10s after its copies started: %v", held)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cachedFraction is the share of the file at path's pages that are in the
+// page cache (mincore of a mapping of it).
+func cachedFraction(t *testing.T, path string) float64 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		t.Fatalf("%s: %v (size %d)", path, err, st.Size())
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	pages := (len(m) + os.Getpagesize() - 1) / os.Getpagesize()
+	vec := make([]byte, pages)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	in := 0
+	for _, v := range vec {
+		in += int(v & 1)
+	}
+	return float64(in) / float64(pages)
 }
