@@ -101,8 +101,8 @@ func (b *Bare) Wake(ctx context.Context) error {
 }
 
 // Fork saves the running sandbox with runsc checkpoint --leave-running
-// (with SPACE's flags, as SPACE saves a fork's source: an ephemeral save,
-// through the page cache), restores the save as a second sandbox (its own
+// (with SPACE's flags, as SPACE saves a fork's source: through the page
+// cache where the sandbox's cgroup has room), restores the save as a second sandbox (its own
 // bundle and overlay) and runs its first command, then deletes the copy
 // and the save.
 func (b *Bare) Fork(ctx context.Context) error {
@@ -111,12 +111,15 @@ func (b *Bare) Fork(ctx context.Context) error {
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		return err
 	}
-	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(true, "--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
+	cached := roomInCache(b.spec.SandboxID)
+	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(cached, "--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
 		return err
 	}
 	defer os.RemoveAll(img)
-	if err := sealSave(img, true); err != nil {
-		return err
+	if cached {
+		if err := markCached(img); err != nil {
+			return err
+		}
 	}
 	return b.runCopy(ctx, "bare-fork", img)
 }

@@ -37,7 +37,7 @@ func (r *Runtime) restore(ctx context.Context, spec runtime.Spec, image, pidFile
 		return err
 	}
 	args := []string{"restore", "--detach", "--background"}
-	if r.direct && !ephemeralSave(image) {
+	if r.direct && !cachedSave(image) {
 		args = append(args, "--direct") // as checkpoint writes it (lifecycle.go)
 	}
 	if pidFile != "" {

@@ -123,7 +123,8 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	agent := r.redialingAgent(ctx, id)
 	restart := agent == nil
 	t1 := time.Now()
-	if _, err := r.runsc(ctx, spec, r.checkpoint(spec.Ephemeral, "--leave-running", "--image-path", tmp, id)...); err != nil {
+	cached := spec.Ephemeral && roomInCache(id)
+	if _, err := r.runsc(ctx, spec, r.checkpoint(cached, "--leave-running", "--image-path", tmp, id)...); err != nil {
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")
@@ -147,6 +148,11 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if err := r.keepAgentRecord(id, tmp); err != nil {
 		return err
 	}
+	if cached {
+		if err := markCached(tmp); err != nil {
+			return err
+		}
+	}
 	if err := sealSave(tmp, spec.Ephemeral); err != nil {
 		return fmt.Errorf("seal the save: %w", err)
 	}
@@ -162,7 +168,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		image = dir
 		spec.Saved()
 	}
-	r.log.Debug("gvisor: saved", "sandbox_id", id, "before", t1.Sub(t0), "checkpoint", time.Since(t1))
+	r.log.Debug("gvisor: saved", "sandbox_id", id, "cached", cached, "before", t1.Sub(t0), "checkpoint", time.Since(t1))
 	if !restart {
 		if err := r.redial(ctx, spec, agent); err != nil {
 			// Unreachable as it is: the save is what it was a moment ago.

@@ -337,7 +337,9 @@ func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
 // (O_DIRECT, where the file system takes it). A copy keeps no link to an
 // ephemeral image once restored: when the fork removes the image, only the
 // copies' loading holds it, and nothing does soon after, so its pages are
-// dropped from the cache without being written to the disk.
+// dropped from the cache without being written to the disk. A sandbox whose
+// memory cgroup has no room for its save beside what it holds (150 MB of
+// its 256 MiB filled) is saved around the cache even for a fork.
 func TestEphemeralSaveIsCachedAndLeftByItsCopies(t *testing.T) {
 	open, newSpec := testRuntime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -401,6 +403,52 @@ func TestEphemeralSaveIsCachedAndLeftByItsCopies(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the removed ephemeral image is still open 10s after its copies started: %v", held)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	c, err := r.Agent(ctx, spec) // the saves closed the connection it had
+	if err != nil {
+		t.Fatal(err)
+	}
+	startShell(ctx, t, c, "fill", "head -c 150000000 /dev/urandom > /tmp/fill && md5sum /tmp/fill > /tmp/filled")
+	var sum []byte
+	for sum == nil {
+		if _, b, err := c.ReadFile(ctx, "/tmp/filled", 0, 100); err == nil && len(b) > 0 {
+			sum = b
+		} else if ctx.Err() != nil {
+			t.Fatal("the sandbox's memory was not filled")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	full := filepath.Join(t.TempDir(), "full")
+	if err := r.Snapshot(ctx, eph, full); err != nil {
+		t.Fatal(err)
+	}
+	if cachedSave(full) {
+		t.Errorf("a fork's save of a sandbox without room in its cgroup was written through the page cache")
+	}
+	if f := cachedFraction(t, filepath.Join(full, "pages.img")); r.direct && f > 0.5 {
+		t.Errorf("%.0f%% of the save of a sandbox without room in its cgroup is in the page cache", f*100)
+	}
+	cp := newSpec()
+	if err := r.CreateFrom(ctx, cp, full); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := r.Agent(ctx, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startShell(ctx, t, cc, "check", "md5sum /tmp/fill > /tmp/checked")
+	for {
+		if _, b, err := cc.ReadFile(ctx, "/tmp/checked", 0, 100); err == nil && len(b) > 0 {
+			if string(b) != string(sum) {
+				t.Fatalf("the copy's filled file: %q, want %q", b, sum)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the copy did not check its filled file")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
