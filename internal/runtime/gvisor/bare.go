@@ -111,7 +111,8 @@ func (b *Bare) Fork(ctx context.Context) error {
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		return err
 	}
-	cached := roomInCache(b.spec.SandboxID)
+	mem, known := sandboxMemory(b.spec.SandboxID)
+	cached := known && mem.roomForSave()
 	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(cached, "--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
 		return err
 	}

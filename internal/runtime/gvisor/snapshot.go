@@ -123,7 +123,8 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	agent := r.redialingAgent(ctx, id)
 	restart := agent == nil
 	t1 := time.Now()
-	cached := spec.Ephemeral && roomInCache(id)
+	mem, known := sandboxMemory(id)
+	cached := spec.Ephemeral && known && mem.roomForSave()
 	if _, err := r.runsc(ctx, spec, r.checkpoint(cached, "--leave-running", "--image-path", tmp, id)...); err != nil {
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
@@ -168,7 +169,7 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 		image = dir
 		spec.Saved()
 	}
-	r.log.Debug("gvisor: saved", "sandbox_id", id, "cached", cached, "before", t1.Sub(t0), "checkpoint", time.Since(t1))
+	r.log.Debug("gvisor: saved", "sandbox_id", id, "cached", cached, "usage_mib", mem.usage>>20, "shmem_mib", mem.shmem>>20, "before", t1.Sub(t0), "checkpoint", time.Since(t1))
 	if !restart {
 		if err := r.redial(ctx, spec, agent); err != nil {
 			// Unreachable as it is: the save is what it was a moment ago.

@@ -338,7 +338,7 @@ func TestSnapshotOfPausedCutShortFaultInjection(t *testing.T) {
 // ephemeral image once restored: when the fork removes the image, only the
 // copies' loading holds it, and nothing does soon after, so its pages are
 // dropped from the cache without being written to the disk. A sandbox whose
-// memory cgroup has no room for its save beside what it holds (150 MB of
+// memory cgroup is too full for its save beside what it holds (180 MB of
 // its 256 MiB filled) is saved around the cache even for a fork.
 func TestEphemeralSaveIsCachedAndLeftByItsCopies(t *testing.T) {
 	open, newSpec := testRuntime(t)
@@ -411,7 +411,7 @@ func TestEphemeralSaveIsCachedAndLeftByItsCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startShell(ctx, t, c, "fill", "head -c 150000000 /dev/urandom > /tmp/fill && md5sum /tmp/fill > /tmp/filled")
+	startShell(ctx, t, c, "fill", "head -c 180000000 /dev/urandom > /tmp/fill && md5sum /tmp/fill > /tmp/filled")
 	var sum []byte
 	for sum == nil {
 		if _, b, err := c.ReadFile(ctx, "/tmp/filled", 0, 100); err == nil && len(b) > 0 {
@@ -426,10 +426,10 @@ func TestEphemeralSaveIsCachedAndLeftByItsCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cachedSave(full) {
-		t.Errorf("a fork's save of a sandbox without room in its cgroup was written through the page cache")
+		t.Errorf("a fork's save of a sandbox whose cgroup is too full for it was written through the page cache")
 	}
 	if f := cachedFraction(t, filepath.Join(full, "pages.img")); r.direct && f > 0.5 {
-		t.Errorf("%.0f%% of the save of a sandbox without room in its cgroup is in the page cache", f*100)
+		t.Errorf("%.0f%% of the save of a sandbox whose cgroup is too full for it is in the page cache", f*100)
 	}
 	cp := newSpec()
 	if err := r.CreateFrom(ctx, cp, full); err != nil {
