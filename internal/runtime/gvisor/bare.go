@@ -102,17 +102,16 @@ func (b *Bare) Wake(ctx context.Context) error {
 
 // Fork saves the running sandbox with runsc checkpoint --leave-running
 // (with SPACE's flags, as SPACE saves a fork's source: through the page
-// cache where the sandbox's cgroup has room), restores the save as a second sandbox (its own
-// bundle and overlay) and runs its first command, then deletes the copy
-// and the save.
+// cache unless the sandbox's cgroup is too full for it), restores the
+// save as a second sandbox (its own bundle and overlay) and runs its first
+// command, then deletes the copy and the save.
 func (b *Bare) Fork(ctx context.Context) error {
 	img := filepath.Join(b.dir, "fork-image")
 	os.RemoveAll(img)
 	if err := os.MkdirAll(img, 0o700); err != nil {
 		return err
 	}
-	mem, known := sandboxMemory(b.spec.SandboxID)
-	cached := known && mem.roomForSave()
+	_, cached := throughCache(b.spec.SandboxID)
 	if _, err := b.r.runsc(ctx, b.spec, b.r.checkpoint(cached, "--leave-running", "--image-path", img, b.spec.SandboxID)...); err != nil {
 		return err
 	}

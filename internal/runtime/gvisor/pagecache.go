@@ -52,6 +52,14 @@ func (m cgroupMemory) roomForSave() bool {
 	return m.usage+m.shmem <= m.limit+m.limit/4
 }
 
+// throughCache reads sandbox id's memory cgroup and reports whether a save
+// of it goes through the page cache (roomForSave; not where the cgroup
+// cannot be read).
+func throughCache(id string) (cgroupMemory, bool) {
+	mem, known := sandboxMemory(id)
+	return mem, known && mem.roomForSave()
+}
+
 // sandboxMemory reads sandbox id's memory cgroup (v2 or v1); false when it
 // cannot be read, and then a save is written around the cache.
 func sandboxMemory(id string) (cgroupMemory, bool) {

@@ -123,8 +123,11 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	agent := r.redialingAgent(ctx, id)
 	restart := agent == nil
 	t1 := time.Now()
-	mem, known := sandboxMemory(id)
-	cached := spec.Ephemeral && known && mem.roomForSave()
+	var mem cgroupMemory
+	cached := false
+	if spec.Ephemeral {
+		mem, cached = throughCache(id)
+	}
 	if _, err := r.runsc(ctx, spec, r.checkpoint(cached, "--leave-running", "--image-path", tmp, id)...); err != nil {
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
