@@ -652,18 +652,19 @@ func (r *Runtime) savedAlready(ctx context.Context, spec runtime.Spec, exists bo
 
 // checkpoint is runsc checkpoint with SPACE's flags: where the data
 // directory's file system takes O_DIRECT, the pages file is written with
-// it, and restore reads it with it too. A save then neither
-// fills the page cache nor is written twice over (to the page cache, then
-// by the fsync); and on a virtual machine's host, where every page the
+// it, and restore reads it with it too. A save then neither fills the
+// page cache nor, when durable, is written twice over (to the page cache,
+// then by the fsync); and on a virtual machine's host, where every page the
 // cache takes costs a fault, the cache was the slow part: a fork of a
 // sandbox with 200 MiB dirty whose save stayed in the page cache took
 // 1.13–1.28 s here, with O_DIRECT both ways 0.67–0.94 s, and a wake from
 // suspend 0.74–0.94 s against 0.44–0.53 s (alternated).
 //
 // A fork's save, which its copies load at once and the fork then removes,
-// goes through the page cache instead where the sandbox's cgroup has room
-// for it (cached; pagecache.go): it is gone, unwritten, once they have loaded
-// it (restoreFrom), so the pages it takes are given back at once.
+// goes through the page cache instead (cached) unless the sandbox's memory
+// cgroup is too full for it (pagecache.go): it is gone, unwritten, once
+// they have loaded it (restoreFrom), so the pages it takes are given back
+// at once.
 func (r *Runtime) checkpoint(cached bool, args ...string) []string {
 	if r.direct && !cached {
 		return append([]string{"checkpoint", "--direct"}, args...)

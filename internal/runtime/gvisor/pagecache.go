@@ -10,10 +10,11 @@ import (
 )
 
 // A fork's save (ephemeral: its copies load it and the fork removes it) is
-// written through the page cache unless the sandbox's memory cgroup is
-// too full for it (roomForSave), and read from there; a save written around the cache (O_DIRECT,
-// lifecycle.go's checkpoint) is read around it too, since a buffered read
-// would charge a second copy of the image to the reader's cgroup.
+// written through the page cache unless the sandbox's memory cgroup is too
+// full for it (roomForSave), and read from there; a save written around
+// the cache (O_DIRECT, lifecycle.go's checkpoint) is read around it too,
+// since a buffered read would charge a second copy of the image to the
+// reader's cgroup.
 
 // cachedMark, in a save, says its pages file was written through the page
 // cache.
@@ -42,8 +43,8 @@ type cgroupMemory struct {
 // cgroup beside what the sandbox holds, and what passes the limit the
 // kernel writes out and reclaims while the save goes on. Measured here on a
 // 512 MiB sandbox, forks through the cache against O_DIRECT (alternated,
-// 6–8 each): 200 MiB dirty (usage plus shared memory 0.9× the limit) 322–447
-// ms against 453–652; 240 MiB (1.0×) 429–623 against 523–680; 280 MiB
+// 6–10 each): 200 MiB dirty (usage plus shared memory 0.85–0.9× the limit)
+// 322–447 ms against 453–652; 240 MiB (1.0×) 429–623 against 523–680; 280 MiB
 // (1.16×) 521–701 against 602–757; 340 MiB (1.4×) 660–811 against 599–840;
 // 420 MiB (1.7×) 962–1,473 against 772–1,073. So the cache is used while
 // the cgroup's usage plus its shared memory (gVisor's memory file, what
