@@ -106,7 +106,14 @@ func startShell(ctx context.Context, t *testing.T, c *agentclient.Client, id, sc
 // gives back makes that teardown long enough to see (60–80 ms).
 func fillMemory(ctx context.Context, t *testing.T, c *agentclient.Client) {
 	t.Helper()
-	startShell(ctx, t, c, "fill", "head -c 150000000 /dev/zero > /tmp/fill && touch /tmp/filled")
+	fillFrom(ctx, t, c, "/dev/zero", 150000000)
+}
+
+// fillFrom writes n bytes of src to /tmp/fill in the sandbox (its memory)
+// and waits for them.
+func fillFrom(ctx context.Context, t *testing.T, c *agentclient.Client, src string, n int) {
+	t.Helper()
+	startShell(ctx, t, c, "fill", fmt.Sprintf("head -c %d %s > /tmp/fill && touch /tmp/filled", n, src))
 	for {
 		if _, _, err := c.ReadFile(ctx, "/tmp/filled", 0, 1); err == nil {
 			return
