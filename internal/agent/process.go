@@ -331,15 +331,38 @@ const (
 	// pipeSize is the capacity asked for output pipes.
 	pipeSize = 1 << 20
 	// Output streams in small writes when reads keep finding data
-	// waiting (a read returns within coalesceAfter) and each takes less
-	// than coalesceBelow (half the pipe: a writer that fills more in
-	// coalesceFor would soon wait for room); from the streakToCoalesce-th
-	// such read on, each waits coalesceFor first.
+	// waiting (a read returns within coalesceAfter); from the
+	// streakToCoalesce-th such read on, each first waits for output to
+	// gather (coalesceWait), unless that wait would be under
+	// lingerAtLeast.
 	coalesceAfter    = 2 * time.Millisecond
-	coalesceBelow    = pipeSize / 2
 	coalesceFor      = 10 * time.Millisecond
+	coalesceFill     = pipeSize / 2
+	coalesceFull     = pipeSize * 3 / 4
+	lingerAtLeast    = time.Millisecond
 	streakToCoalesce = 2
 )
+
+// coalesceWait is how long to let output gather before the next read,
+// given that the last read took n bytes that came in over gap, after a
+// wait of prev: as long as the pipe takes to fill to coalesceFill at that
+// rate, at most coalesceFor — and, when the read found the pipe nearly
+// full (coalesceFull: the writer may have waited for room), under half of
+// prev too, since sleeps overrun here and a writer of large blocks (or
+// output held back by a slow reader) fills the pipe faster than any wait
+// pays for. A fixed 10 ms let `head -c` (8 KiB writes, about 110 MiB/s
+// into a host pipe) fill the 1 MiB pipe 2–3 ms before each read and wait
+// there: 78 MiB/s in every run.
+func coalesceWait(n int, gap, prev time.Duration) time.Duration {
+	w := coalesceFor
+	if n > 0 && gap < coalesceFor*time.Duration(n)/coalesceFill {
+		w = gap * coalesceFill / time.Duration(n)
+	}
+	if n >= coalesceFull {
+		w = min(w, prev/2)
+	}
+	return w
+}
 
 // pump copies a stream into the ring, one chunk per read. A chunk owns
 // memory of its own size: a large read hands its buffer over, a small one
@@ -348,31 +371,30 @@ const (
 func pump(f io.Reader, stream string, out *ring) {
 	buf := make([]byte, pumpFirst)
 	streak := 0
+	wait, last := coalesceFor, time.Now()
 	for {
 		// While output streams in small writes (each read finds data
-		// waiting, and takes little), let it gather before reading again:
-		// one read per many writes. Under gVisor every read and every
-		// frame sent costs the sandbox CPU its process would use to write
-		// (`head -c` on a 1-vCPU sandbox: 2 ms of gathering streamed
-		// 0.7–0.8× what the runtime's own exec pipe carries, 10 ms
-		// 0.8–1.3×). A read that had to wait (interactive output, a
-		// command's few lines) ends the streak, so output with gaps is
-		// read at once; a large read (the pipe fills faster than a wait
-		// would let it) does too.
-		if streak >= streakToCoalesce {
+		// waiting), let it gather before reading again: one read per many
+		// writes. Under gVisor every read and every frame sent costs the
+		// sandbox CPU its process would use to write. A read that had to
+		// wait (interactive output, a command's few lines) ends the
+		// streak, so output with gaps is read at once.
+		if streak >= streakToCoalesce && wait >= lingerAtLeast {
 			if l, ok := f.(interface{ linger(time.Duration) }); ok {
-				l.linger(coalesceFor) // ends early at the writers' end
+				l.linger(wait) // ends early at the writers' end
 			} else {
-				time.Sleep(coalesceFor)
+				time.Sleep(wait)
 			}
 		}
 		t := time.Now()
 		n, err := f.Read(buf)
-		if time.Since(t) < coalesceAfter && n < coalesceBelow {
+		now := time.Now()
+		if now.Sub(t) < coalesceAfter {
 			streak++
 		} else {
 			streak = 0
 		}
+		wait, last = coalesceWait(n, now.Sub(last), wait), now
 		if n > 0 {
 			var data []byte
 			if n >= len(buf)/2 {
