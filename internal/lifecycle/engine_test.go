@@ -424,34 +424,50 @@ func testNotReadyWithoutRuntime(t *testing.T) {
 	}
 }
 
-// A pause is recorded running only once it has taken longer than a quick
-// one does (its running record would cost a transaction of its own): one
-// that ends within that time goes from pending to succeeded; a slow one is
-// seen running while it works.
-func TestPauseRecordedRunningOnlyWhenSlow(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		for _, c := range []struct {
-			delay time.Duration
-			want  sandbox.OpState
-		}{{20 * time.Millisecond, sandbox.OpPending}, {time.Second, sandbox.OpRunning}} {
-			w := newWorld(t, t.TempDir(), fakeruntime.Config{Delay: c.delay})
-			ctx := context.Background()
-			sb := create(t, w)
-			op, err := w.eng.Pause(ctx, sb.ID, nil)
-			if err != nil {
-				t.Fatal(err)
+// An operation is recorded running only once it has taken longer than a
+// quick one does (its running record is a transaction of its own, which
+// the runtime's work need not wait for): one that ends within that time
+// goes from pending to succeeded; a slow one is seen running while it
+// works. So for a create, a pause and a delete.
+func TestOperationRecordedRunningOnlyWhenSlow(t *testing.T) {
+	ctx := context.Background()
+	for _, k := range []struct {
+		name  string
+		start func(*testing.T, *world) (*sandbox.Operation, error)
+	}{
+		{"create", func(_ *testing.T, w *world) (*sandbox.Operation, error) {
+			_, op, err := w.eng.Create(ctx, lifecycle.CreateRequest{}, nil)
+			return op, err
+		}},
+		{"pause", func(t *testing.T, w *world) (*sandbox.Operation, error) {
+			return w.eng.Pause(ctx, create(t, w).ID, nil)
+		}},
+		{"delete", func(t *testing.T, w *world) (*sandbox.Operation, error) {
+			return w.eng.Delete(ctx, create(t, w).ID, nil)
+		}},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			for _, c := range []struct {
+				delay time.Duration
+				want  sandbox.OpState
+			}{{20 * time.Millisecond, sandbox.OpPending}, {time.Second, sandbox.OpRunning}} {
+				w := newWorld(t, t.TempDir(), fakeruntime.Config{Delay: c.delay})
+				op, err := k.start(t, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(c.delay / 2)
+				synctest.Wait()
+				if got, _ := w.eng.Operation(ctx, op.ID); got.State != c.want {
+					t.Fatalf("a %s taking %v, half-way: %s, want %s", k.name, c.delay, got.State, c.want)
+				}
+				if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+					t.Fatalf("%s taking %v = %+v", k.name, c.delay, got)
+				}
+				w.close()
 			}
-			time.Sleep(c.delay / 2)
-			synctest.Wait()
-			if got, _ := w.eng.Operation(ctx, op.ID); got.State != c.want {
-				t.Fatalf("a pause taking %v, half-way: %s, want %s", c.delay, got.State, c.want)
-			}
-			if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
-				t.Fatalf("pause taking %v = %+v", c.delay, got)
-			}
-			w.close()
-		}
-	})
+		})
+	}
 }
 
 // What a crash leaves in the snapshot directory after its owner ended — a

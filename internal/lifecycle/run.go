@@ -14,7 +14,7 @@ import (
 	"github.com/spacesandbox/space/internal/store"
 )
 
-// quickOp is how long a pause or resume runs before it is recorded running.
+// quickOp is how long an operation runs before it is recorded running.
 const quickOp = 50 * time.Millisecond
 
 // submit runs op in the background unless this process already runs it.
@@ -93,16 +93,35 @@ func (e *Engine) execute(op sandbox.Operation) {
 		e.finish(log, op, start, sandbox.OpFailed, gone, op.From, nil)
 		return
 	}
-	// The operation is recorded running. A pause or a resume changes
-	// nothing on disk and usually ends within milliseconds: it is recorded
-	// running only once it has taken longer than quickOp (beside the
-	// runtime's work, waited for before the outcome), so a quick one costs
-	// one transaction — its outcome's — instead of two.
+	// The operation is recorded running once it has taken longer than
+	// quickOp, beside the runtime's work and waited for before the
+	// outcome: a create or a wake does not wait for that transaction
+	// before it starts, and a quick one (a pause, a resume, a delete)
+	// costs one transaction — its outcome's — instead of two. Nothing
+	// reads the difference but a client listing operations: a crash
+	// resumes a pending and a running operation alike. A fork or a
+	// snapshot, which record their outcome in their own way, are marked
+	// first.
 	var marked chan error
 	var acted chan struct{}
+	// settled ends the wait to mark and reports whether the operation may
+	// record its outcome.
+	settled := func() bool {
+		if marked == nil {
+			return true
+		}
+		close(acted)
+		err := <-marked
+		marked = nil
+		if err != nil {
+			log.Error("mark operation running", "err", err)
+			return false
+		}
+		return true
+	}
 	if op.State == sandbox.OpPending {
 		mark := func() error { return e.store.UpdateOperationState(bk, op.ID, sandbox.OpRunning, e.now()) }
-		if op.Kind == sandbox.OpPause || (op.Kind == sandbox.OpWake && op.From == sandbox.Paused) {
+		if op.Kind != sandbox.OpFork && op.Kind != sandbox.OpSnapshot {
 			marked, acted = make(chan error, 1), make(chan struct{})
 			go func() {
 				select {
@@ -139,6 +158,9 @@ func (e *Engine) execute(op sandbox.Operation) {
 			// Nothing changed on the host: the sandbox stays suspended,
 			// and a later wake tries again.
 			log.Error("operation failed", "err", err)
+			if !settled() {
+				return
+			}
 			e.finish(log, op, start, sandbox.OpFailed, operationError(op, err), sandbox.Suspended, nil)
 			return
 		}
@@ -156,12 +178,8 @@ func (e *Engine) execute(op sandbox.Operation) {
 			err = e.act(ctx, rt, op, spec)
 		}
 	}
-	if marked != nil {
-		close(acted)
-		if err := <-marked; err != nil {
-			log.Error("mark operation running", "err", err)
-			return
-		}
+	if !settled() {
+		return
 	}
 	if e.life.Err() != nil {
 		log.Info("operation interrupted by shutdown; it resumes at next start")
@@ -200,7 +218,7 @@ func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operati
 		if err := rt.Create(ctx, spec); err != nil {
 			return err
 		}
-		e.identify(ctx, rt, spec, true)
+		e.identify(ctx, rt, spec, booted)
 		return nil
 	case sandbox.OpPause:
 		return rt.Pause(ctx, spec)
@@ -225,7 +243,7 @@ func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operati
 		// A restored sandbox gets the time and fresh entropy; a resumed
 		// one only needs its clock set, unless it reads the host's.
 		if err == nil && (op.From == sandbox.Suspended || !rt.Capabilities().HostClock) {
-			e.identify(ctx, rt, spec, false)
+			e.identify(ctx, rt, spec, woken)
 		}
 		return err
 	case sandbox.OpDelete:
