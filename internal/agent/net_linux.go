@@ -32,7 +32,9 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 
 // configureNetwork brings lo up and, unless the runtime did, gives the
 // first other link its address and default route; then points the
-// resolver at SPACE's.
+// resolver at SPACE's. One netlink socket serves every look and change
+// (under gVisor each new socket is several trapped calls), and a link found
+// as it should be is left alone.
 func configureNetwork(c proto.NetConfig) error {
 	addr, err := netip.ParsePrefix(c.Address)
 	if err != nil {
@@ -46,15 +48,33 @@ func configureNetwork(c proto.NetConfig) error {
 	if err != nil {
 		return fmt.Errorf("dns %q: %w", c.DNS, err)
 	}
-	links, err := netlink.LinkList()
+	if !c.Given {
+		if err := configureLinks(addr, gw); err != nil {
+			return err
+		}
+	}
+	return writeFileAtomic("/etc/resolv.conf", []byte("nameserver "+dns.String()+"\noptions edns0\n"), 0o644)
+}
+
+// configureLinks brings lo up and gives the first other link addr and a
+// default route via gw, taking off any other address it has.
+func configureLinks(addr netip.Prefix, gw netip.Addr) error {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	links, err := h.LinkList()
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
 	var eth netlink.Link
 	for _, l := range links {
 		if l.Attrs().Flags&net.FlagLoopback != 0 {
-			if err := netlink.LinkSetUp(l); err != nil {
-				return fmt.Errorf("lo up: %w", err)
+			if l.Attrs().Flags&net.FlagUp == 0 {
+				if err := h.LinkSetUp(l); err != nil {
+					return fmt.Errorf("lo up: %w", err)
+				}
 			}
 			continue
 		}
@@ -65,7 +85,7 @@ func configureNetwork(c proto.NetConfig) error {
 	if eth == nil {
 		return errors.New("no network interface")
 	}
-	have, _ := netlink.AddrList(eth, unix.AF_INET)
+	have, _ := h.AddrList(eth, unix.AF_INET)
 	configured := false
 	for _, a := range have {
 		if a.IP.Equal(addr.Addr().AsSlice()) {
@@ -74,22 +94,23 @@ func configureNetwork(c proto.NetConfig) error {
 		}
 		// A copy of another sandbox (a fork, a snapshot) wakes with its
 		// source's address: it is not this sandbox's.
-		if err := netlink.AddrDel(eth, &a); err != nil {
+		if err := h.AddrDel(eth, &a); err != nil {
 			return fmt.Errorf("remove stale address %s: %w", a.IPNet, err)
 		}
 	}
-	if !configured {
-		ipn := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
-		if err := netlink.AddrReplace(eth, &netlink.Addr{IPNet: ipn}); err != nil {
-			return fmt.Errorf("address %s: %w", eth.Attrs().Name, err)
-		}
-		if err := netlink.LinkSetUp(eth); err != nil {
-			return fmt.Errorf("%s up: %w", eth.Attrs().Name, err)
-		}
-		def := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw.AsSlice(), Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}
-		if err := netlink.RouteReplace(def); err != nil {
-			return fmt.Errorf("default route: %w", err)
-		}
+	if configured {
+		return nil
 	}
-	return writeFileAtomic("/etc/resolv.conf", []byte("nameserver "+dns.String()+"\noptions edns0\n"), 0o644)
+	ipn := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
+	if err := h.AddrReplace(eth, &netlink.Addr{IPNet: ipn}); err != nil {
+		return fmt.Errorf("address %s: %w", eth.Attrs().Name, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("%s up: %w", eth.Attrs().Name, err)
+	}
+	def := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw.AsSlice(), Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}
+	if err := h.RouteReplace(def); err != nil {
+		return fmt.Errorf("default route: %w", err)
+	}
+	return nil
 }

@@ -132,11 +132,27 @@ func Hostname(id string) string {
 	return "sbx-" + strings.TrimPrefix(id, "sbx_")[:12]
 }
 
+// identity is what identify gives a sandbox besides the clock and fresh
+// entropy.
+type identity int
+
+const (
+	// woken: nothing more (a resumed, restored or claimed sandbox).
+	woken identity = iota
+	// copied: its hostname and network too (a new sandbox started from a
+	// save: a fork, a snapshot).
+	copied
+	// booted: as copied, for a sandbox the runtime has just created; a
+	// runtime that attaches it through a network namespace (gVisor) gave
+	// its link the address and route at boot.
+	booted
+)
+
 // identify gives a freshly created or woken sandbox its own identity: the
-// hostname (on create), the host's clock, and fresh entropy so copies of one
-// snapshot never share RNG state. Failures are logged: a sandbox whose agent
-// cannot be configured still runs.
-func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.Spec, withHostname bool) {
+// hostname and network (a new sandbox), the host's clock, and fresh entropy
+// so copies of one snapshot never share RNG state. Failures are logged: a
+// sandbox whose agent cannot be configured still runs.
+func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.Spec, what identity) {
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c, err := rt.Agent(actx, spec)
@@ -145,10 +161,11 @@ func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.
 		return
 	}
 	id := sandboxio.Identity{Now: time.Now(), Entropy: make([]byte, 64), CPUs: spec.Resources.VCPUs}
-	if withHostname {
+	if what >= copied {
 		id.Hostname = Hostname(spec.SandboxID)
 		if n := spec.Net; n != nil {
 			id.Address, id.Gateway, id.DNS = n.Address, n.Gateway, n.DNS
+			id.NetworkGiven = what == booted && n.Kind == runtime.NetNamespace
 		}
 	}
 	rand.Read(id.Entropy)

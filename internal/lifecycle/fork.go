@@ -200,7 +200,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 				errs[i] = fmt.Errorf("start fork %s: %w", id, err)
 				return
 			}
-			e.identify(ctx, rt, spec, true)
+			e.identify(ctx, rt, spec, copied)
 		}()
 	}
 	if !saveDone() {
@@ -269,7 +269,7 @@ func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbo
 		return nil, err
 	}
 	if src.State == sandbox.Running {
-		e.identify(ctx, rt, spec, true)
+		e.identify(ctx, rt, spec, copied)
 	}
 	return snap, nil
 }

@@ -211,7 +211,7 @@ func (e *Engine) readyClaimed(ctx context.Context, sb *sandbox.Sandbox) {
 	go func() {
 		defer e.loops.Done()
 		if r, ok := e.runtimes[sb.Runtime]; ok {
-			e.identify(e.life, r, e.spec(sb), false)
+			e.identify(e.life, r, e.spec(sb), woken)
 		}
 	}()
 }

@@ -302,6 +302,6 @@ func (e *Engine) createFromSnapshot(ctx context.Context, rt runtime.Runtime, spe
 	if err := snap.CreateFrom(ctx, spec, dir); err != nil {
 		return err
 	}
-	e.identify(ctx, rt, spec, true)
+	e.identify(ctx, rt, spec, copied)
 	return nil
 }

@@ -17,6 +17,9 @@ type Identity struct {
 	// Address, Gateway and DNS configure the network (Address invalid: none).
 	Address      netip.Prefix
 	Gateway, DNS netip.Addr
+	// NetworkGiven says the runtime gave the link Address and its route
+	// when it booted the sandbox: only the resolver is left to set.
+	NetworkGiven bool
 	Entropy      []byte // mixed into the kernel's pool
 	// CPUs is the sandbox's vCPUs, what the processes it runs see (their
 	// CPU affinity) where the kernel shows more (gVisor shows at least 2).
@@ -27,7 +30,7 @@ type Identity struct {
 func (a *Agent) Configure(ctx context.Context, id Identity) error {
 	cfg := proto.Configure{Hostname: id.Hostname, UnixNano: id.Now.UnixNano(), CPUs: id.CPUs}
 	if id.Address.IsValid() {
-		cfg.Network = &proto.NetConfig{Address: id.Address.String(), Gateway: id.Gateway.String(), DNS: id.DNS.String()}
+		cfg.Network = &proto.NetConfig{Address: id.Address.String(), Gateway: id.Gateway.String(), DNS: id.DNS.String(), Given: id.NetworkGiven}
 	}
 	_, err := a.c.Configure(ctx, cfg, id.Entropy)
 	return a.fail("configure", err)

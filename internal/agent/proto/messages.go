@@ -133,6 +133,11 @@ type NetConfig struct {
 	Address string `json:"address"`
 	Gateway string `json:"gateway"`
 	DNS     string `json:"dns"`
+	// Given says the runtime gave the link Address and the default route
+	// when it booted the sandbox (gVisor takes them from its namespace),
+	// so only the resolver is left to set: no look at the links. An agent
+	// from before it looks anyway.
+	Given bool `json:"given,omitempty"`
 }
 
 // PTY asks for a pseudo-terminal of the given size.
