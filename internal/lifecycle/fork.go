@@ -246,8 +246,10 @@ func (e *Engine) forkSpec(ctx context.Context, id string) runtime.Spec {
 
 // saveSource saves a fork's or snapshot's source into dir through the
 // runtime's Snapshotter (which it returns) and gives a running source its
-// identity again: a runtime may save it by restoring it in place (gVisor),
-// so its address, clock and entropy are set anew. A save with saved set is
+// clock and fresh entropy again (a VM's clock stood still during the save,
+// and the copies start from its RNG's state); its hostname and address are
+// its own still, also where the runtime saved it by restoring it in place
+// (gVisor: in its own namespace). A save with saved set is
 // a fork's: its copies start from it at once and it is removed after, so it
 // need not be durable (Ephemeral).
 func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, dir string, saved func()) (runtime.Snapshotter, error) {
@@ -269,7 +271,7 @@ func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbo
 		return nil, err
 	}
 	if src.State == sandbox.Running {
-		e.identify(ctx, rt, spec, copied)
+		e.identify(ctx, rt, spec, woken)
 	}
 	return snap, nil
 }
