@@ -30,11 +30,9 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 	return os.Rename(tmp, path)
 }
 
-// configureNetwork brings lo up and, unless the runtime did, gives the
-// first other link its address and default route; then points the
-// resolver at SPACE's. One netlink socket serves every look and change
-// (under gVisor each new socket is several trapped calls), and a link found
-// as it should be is left alone.
+// configureNetwork brings lo up and, unless the runtime did (c.Given),
+// gives the first other link its address and default route; then points
+// the resolver at SPACE's.
 func configureNetwork(c proto.NetConfig) error {
 	addr, err := netip.ParsePrefix(c.Address)
 	if err != nil {
@@ -57,7 +55,9 @@ func configureNetwork(c proto.NetConfig) error {
 }
 
 // configureLinks brings lo up and gives the first other link addr and a
-// default route via gw, taking off any other address it has.
+// default route via gw, taking off any other address it has. One netlink
+// socket serves every look and change (under gVisor each new socket is
+// several trapped calls), and a link found as it should be is left alone.
 func configureLinks(addr netip.Prefix, gw netip.Addr) error {
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
