@@ -4,8 +4,10 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,14 +19,20 @@ import (
 // Bare is one sandbox run by runsc alone — the floor `space bench
 // --baseline` compares SPACE with: the same runsc, platform, global flags,
 // OCI bundle (mounts, limits, namespaces) and template root file system as
-// SPACE's sandboxes, with `sleep infinity` as init instead of the agent and
-// no network (runsc --network none). Commands run by `runsc exec` with
-// their stdio on host pipes, as a user of bare gVisor would run them.
+// SPACE's sandboxes, with `sleep infinity` as init instead of the agent,
+// and a network namespace laid out as SPACE's (bareNet), made once: runsc
+// runs it with --network sandbox, SPACE's flag, and its start and restore
+// set up the same netstack. Commands run by `runsc exec` with their stdio
+// on host pipes, as a user of bare gVisor would run them.
 type Bare struct {
 	r      *Runtime
 	spec   runtime.Spec
 	dir    string
 	rootfs string
+	// net is the sandbox's namespace, copy the one of its copies (a
+	// fork's copy runs beside it); both addresses are the benchmark
+	// range's, seen by no host.
+	net, copy *bareNet
 }
 
 // NewBare readies a bare sandbox of the template root rootfs with the given
@@ -41,7 +49,18 @@ func NewBare(runsc, platform, dir, rootfs string, res sandbox.Resources) (*Bare,
 		}
 	}
 	b := &Bare{r: r, dir: dir, rootfs: rootfs, spec: runtime.Spec{SandboxID: "bare", Resources: res, SnapshotDir: filepath.Join(dir, "checkpoint")}}
+	var err error
+	if b.net, err = newBareNet(filepath.Join(dir, "netns"), netip.MustParsePrefix("198.19.255.2/30"), netip.MustParseAddr("198.19.255.1")); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if b.copy, err = newBareNet(filepath.Join(dir, "netns-copy"), netip.MustParsePrefix("198.19.255.6/30"), netip.MustParseAddr("198.19.255.5")); err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.spec.Net = b.net.spec()
 	if err := r.writeBundle(b.spec, rootfs, ""); err != nil {
+		b.Close()
 		return nil, fmt.Errorf("bare gvisor: bundle: %w", err)
 	}
 	return b, nil
@@ -51,6 +70,9 @@ func NewBare(runsc, platform, dir, rootfs string, res sandbox.Resources) (*Bare,
 // (runsc exec true): the work SPACE's create does before its operation
 // succeeds.
 func (b *Bare) Create(ctx context.Context) error {
+	if err := b.net.configure(); err != nil {
+		return err
+	}
 	if err := b.r.start(ctx, b.spec, "run", "--detach", "--bundle", b.r.bundleDir(b.spec.SandboxID), b.spec.SandboxID); err != nil {
 		return err
 	}
@@ -94,6 +116,9 @@ func (b *Bare) Suspend(ctx context.Context) error {
 // Wake restores the checkpoint (runsc restore --detach, memory paged in the
 // background as SPACE asks for) and runs the first command.
 func (b *Bare) Wake(ctx context.Context) error {
+	if err := b.net.configure(); err != nil {
+		return err
+	}
 	if err := b.r.restore(ctx, b.spec, b.spec.SnapshotDir, ""); err != nil {
 		return err
 	}
@@ -134,7 +159,10 @@ func (b *Bare) FromSave(ctx context.Context) error {
 // its first command and deletes it.
 func (b *Bare) runCopy(ctx context.Context, id, image string) error {
 	cp := b.spec
-	cp.SandboxID = id
+	cp.SandboxID, cp.Net = id, b.copy.spec()
+	if err := b.copy.configure(); err != nil {
+		return err
+	}
 	if err := b.r.writeBundle(cp, b.rootfs, ""); err != nil {
 		return err
 	}
@@ -158,9 +186,16 @@ func (b *Bare) Delete(ctx context.Context) error {
 	return nil
 }
 
-// Close deletes the sandbox and removes its directory.
+// Close deletes the sandbox, lets go of its namespaces and removes its
+// directory.
 func (b *Bare) Close() error {
 	b.Delete(context.Background())
 	b.r.unmountNullNetns()
-	return os.RemoveAll(b.dir)
+	var err error
+	for _, n := range []*bareNet{b.net, b.copy} {
+		if n != nil {
+			err = errors.Join(err, n.close())
+		}
+	}
+	return errors.Join(err, os.RemoveAll(b.dir))
 }

@@ -5,6 +5,7 @@ package gvisor_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -53,6 +54,14 @@ func TestGVisorConformance(t *testing.T) {
 // Bare runs a sandbox with runsc alone through every step `space bench
 // --baseline` times, and leaves nothing behind.
 func TestBare(t *testing.T) {
+	b, dir := newBare(t)
+	runtimetest.RunBare(t, context.Background(), b, dir)
+}
+
+// newBare readies a bare sandbox of the test template in a directory of
+// its own.
+func newBare(t *testing.T) (*gvisor.Bare, string) {
+	t.Helper()
 	runsc := requireGVisor(t)
 	store, tpl := runtimetest.TestTemplate(t)
 	rootfs, err := store.RootfsPath(tpl.Digest)
@@ -64,5 +73,35 @@ func TestBare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runtimetest.RunBare(t, context.Background(), b, dir)
+	return b, dir
+}
+
+// A bare sandbox runs as SPACE's do, with runsc's netstack over eth0 of a
+// namespace of its own (--network sandbox): eth0 has its address after a
+// create and again after a wake from the save.
+func TestBareNetwork(t *testing.T) {
+	b, _ := newBare(t)
+	defer b.Close()
+	ctx := context.Background()
+	addr := func(step string) {
+		t.Helper()
+		var out strings.Builder
+		if err := b.Exec(ctx, &out, "ip", "-4", "addr", "show", "eth0"); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if !strings.Contains(out.String(), "198.19.255.2/30") {
+			t.Fatalf("%s: eth0 = %q, want 198.19.255.2/30", step, out.String())
+		}
+	}
+	if err := b.Create(ctx); err != nil {
+		t.Fatal(err)
+	}
+	addr("after create")
+	if err := b.Suspend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Wake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	addr("after wake")
 }
