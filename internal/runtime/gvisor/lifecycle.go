@@ -507,7 +507,10 @@ func (r *Runtime) suspend(ctx context.Context, spec runtime.Spec, quick bool) er
 	// --leave-running: a checkpoint that fails (a full disk) leaves the
 	// sandbox running as it was, instead of ending it with its state lost.
 	t0 := time.Now()
-	if _, err := r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", gdir, id)...); err != nil {
+	stopFlush := flushWhileWritten(gdir)
+	_, err = r.runsc(ctx, spec, r.checkpoint(false, "--leave-running", "--image-path", gdir, id)...)
+	stopFlush()
+	if err != nil {
 		os.RemoveAll(gdir)
 		r.endpoint(id)
 		if wasPaused {
@@ -891,15 +894,24 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 	return runtime.StatusAbsent, nil
 }
 
+// syncDir makes dir's files and subdirectories (not what they hold) and
+// its entries durable, and says when the disk could not: a save whose
+// flush failed must not be taken for kept.
 func syncDir(dir string) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
-		if f, err := os.Open(filepath.Join(dir, e.Name())); err == nil {
-			f.Sync()
-			f.Close()
+		if !e.Type().IsRegular() && !e.IsDir() {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err == nil {
+			err = errors.Join(f.Sync(), f.Close())
+		}
+		if err != nil {
+			return err
 		}
 	}
 	d, err := os.Open(dir)
@@ -908,6 +920,44 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// flushEvery is how often flushWhileWritten flushes a save being written.
+const flushEvery = 20 * time.Millisecond
+
+// flushWhileWritten flushes the files of dir to the disk every flushEvery
+// until the returned stop is called (which waits for a flush under way),
+// so the flush that makes a save durable once it is written (syncDir) has
+// only its tail left. A disk's flush of what was written takes about as
+// long as the write itself (200 MiB: 120–160 ms on a virtual machine's
+// disk here, where runsc's checkpoint writes it in ~150 ms); it runs
+// beside runsc's save, waiting on the disk while runsc works, instead of
+// after it. Errors are left to syncDir, which looks again.
+func flushWhileWritten(dir string) (stop func()) {
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(flushEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				if !e.Type().IsRegular() {
+					continue
+				}
+				if f, err := os.Open(filepath.Join(dir, e.Name())); err == nil {
+					syscall.Fdatasync(int(f.Fd()))
+					f.Close()
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 // roomToSave refuses a checkpoint into dir that the disk may not hold,

@@ -128,7 +128,13 @@ func (r *Runtime) Snapshot(ctx context.Context, spec runtime.Spec, dir string) e
 	if spec.Ephemeral {
 		mem, cached = throughCache(id)
 	}
-	if _, err := r.runsc(ctx, spec, r.checkpoint(cached, "--leave-running", "--image-path", tmp, id)...); err != nil {
+	stopFlush := func() {}
+	if !spec.Ephemeral {
+		stopFlush = flushWhileWritten(tmp) // sealSave's fsync then has only the tail
+	}
+	_, err = r.runsc(ctx, spec, r.checkpoint(cached, "--leave-running", "--image-path", tmp, id)...)
+	stopFlush()
+	if err != nil {
 		repause()
 		if strings.Contains(err.Error(), "no space left") {
 			return errdefs.Wrap(errdefs.InsufficientStorage, err, "not enough disk space to copy the sandbox; it runs on as before")

@@ -588,3 +588,29 @@ exec "` + runsc + `" "$@"
 	}
 	assertNothingLeft(t, r, spec.SandboxID)
 }
+
+// A save's flusher flushes what is written into its directory while the
+// save runs and stops when told, waiting for a flush under way; it keeps
+// on through a directory that is not there yet.
+func TestFlushWhileWritten(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "gen")
+	stop := flushWhileWritten(dir)
+	time.Sleep(3 * flushEvery)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pages.img"), make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * flushEvery)
+	done := make(chan struct{})
+	go func() { stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stop did not return")
+	}
+	if err := syncDir(dir); err != nil {
+		t.Fatal(err)
+	}
+}
