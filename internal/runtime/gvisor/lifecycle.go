@@ -907,6 +907,9 @@ func syncDir(dir string) error {
 			continue
 		}
 		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // gone since the listing: nothing of it to keep
+		}
 		if err == nil {
 			err = errors.Join(f.Sync(), f.Close())
 		}
