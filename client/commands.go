@@ -146,6 +146,7 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 	last := lastEventID
 	var ev Event
 	var data, long, decoded []byte // reused: an event's Data is fn's only until it returns
+	ready := false                 // ev was decoded from its only data line
 	for {
 		// ReadSlice avoids a copy per line; a line longer than the buffer
 		// is gathered in long.
@@ -169,17 +170,43 @@ func (c *Client) attachOnce(ctx context.Context, hc *http.Client, s *Session, la
 		case bytes.HasPrefix(line, []byte("event: ")):
 			ev.Name = string(line[7:])
 		case bytes.HasPrefix(line, []byte("data: ")):
+			if len(data) == 0 && ev.Name == "output" && onlyDataLine(r) {
+				// Decoded where it lies in the read buffer, without first
+				// copying its 1.4 MB: Peek of a byte already buffered
+				// moves nothing.
+				if err := decodeEvent(&ev, line[6:], &decoded); err != nil {
+					return nil, last, err
+				}
+				ready = true
+				continue
+			}
+			if len(data) > 0 {
+				data = append(data, '\n') // SSE joins an event's data lines with line feeds
+			}
 			data = append(data, line[6:]...)
 		case len(line) == 0 && ev.Name != "":
-			if err := decodeEvent(&ev, data, &decoded); err != nil {
-				return nil, last, err
+			if !ready {
+				if err := decodeEvent(&ev, data, &decoded); err != nil {
+					return nil, last, err
+				}
 			}
 			if term, err := deliver(ev, &last, fn); term != nil || err != nil {
 				return term, last, err
 			}
-			ev, data = Event{}, data[:0]
+			ev, data, ready = Event{}, data[:0], false
 		}
 	}
+}
+
+// onlyDataLine reports whether the line just read is followed by the blank
+// line that ends its event, looking only at bytes r already holds (a read
+// would move the buffer under the line).
+func onlyDataLine(r *bufio.Reader) bool {
+	if r.Buffered() == 0 {
+		return false
+	}
+	next, err := r.Peek(1)
+	return err == nil && next[0] == '\n'
 }
 
 // The binary stream's frames (api.md, "Binary stream"): a 13-byte header —

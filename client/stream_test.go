@@ -48,13 +48,7 @@ func TestAttachDeliversEachEventIntactWhileReusingBuffers(t *testing.T) {
 	}))
 	defer srv.Close()
 	for _, sse := range []bool{false, true} {
-		c, err := New(srv.URL, "t")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SSE = sse
-		s := &Session{}
-		s.Attach.URL, s.Attach.Token = srv.URL, "a"
+		c, s := attachTo(t, srv.URL, sse)
 		i := 0
 		term, err := c.Attach(context.Background(), s, "", 0, func(ev Event) error {
 			if ev.Name != "output" {
@@ -70,4 +64,45 @@ func TestAttachDeliversEachEventIntactWhileReusingBuffers(t *testing.T) {
 			t.Fatalf("sse=%v: %d output events, term %+v, err %v", sse, i, term, err)
 		}
 	}
+}
+
+// An event's data may span several lines, which SSE joins with line feeds:
+// an output event split between JSON tokens arrives whole (the client's
+// path for events that are not one line), and a number split across two
+// lines is not read as their digits run together.
+func TestAttachJoinsDataLinesWithLineFeeds(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "id: 1\nevent: output\ndata: {\"stream\":\"stdout\",\ndata: \"data\":\"aGVsbG8K\"}\n\n")
+		fmt.Fprint(w, "id: 2\nevent: process_exited\ndata: {\"exit_code\":1\ndata: 2}\n\n")
+	}))
+	defer srv.Close()
+	c, s := attachTo(t, srv.URL, true)
+	var out []byte
+	term, err := c.Attach(context.Background(), s, "", 0, func(ev Event) error {
+		if ev.Name == "output" {
+			out = append(out, ev.Data...)
+		}
+		return nil
+	})
+	if string(out) != "hello\n" {
+		t.Fatalf("output %q, want hello", out)
+	}
+	if err == nil {
+		t.Fatalf("exit code split across lines read as %v, want an error", term.ExitCode)
+	}
+}
+
+// attachTo is a client and a session whose attach URL is url, asking for
+// Server-Sent Events when sse.
+func attachTo(t *testing.T, url string, sse bool) (*Client, *Session) {
+	t.Helper()
+	c, err := New(url, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SSE = sse
+	s := &Session{}
+	s.Attach.URL, s.Attach.Token = url, "a"
+	return c, s
 }
