@@ -24,7 +24,7 @@ func baseline(ctx context.Context, rt string, cfg cli.BaselineConfig, spec bench
 	if err != nil {
 		return nil, fmt.Errorf("the template's files (is --data-dir the server's?): %w", err)
 	}
-	dir, err := os.MkdirTemp(filepath.Join(cfg.DataDir, server.RuntimeDir), "bench-bare-")
+	dir, err := newBenchDir(filepath.Join(cfg.DataDir, server.RuntimeDir))
 	if err != nil {
 		return nil, err
 	}
