@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -797,8 +798,31 @@ func (r *Runtime) destroy(ctx context.Context, spec runtime.Spec) error {
 }
 
 // deleteContainer ends and deletes the sandbox's container as far as runsc
-// knows of it; forgetContainer removes the rest.
+// knows of it; forgetContainer removes the rest. A runsc killed under it by
+// a signal (the OOM killer, an operator's kill) is run again, up to three
+// times: a delete does not fail on a helper process that died.
 func (r *Runtime) deleteContainer(ctx context.Context, spec runtime.Spec) error {
+	var err error
+	for range 3 {
+		if err = r.deleteContainerOnce(ctx, spec); err == nil || !killedBySignal(err) || ctx.Err() != nil {
+			return err
+		}
+		r.log.Warn("gvisor: runsc was killed during a delete; running it again", "sandbox_id", spec.SandboxID, "err", err)
+	}
+	return err
+}
+
+// killedBySignal reports whether err is that of a process a signal ended.
+func killedBySignal(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
+}
+
+func (r *Runtime) deleteContainerOnce(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	st, err := r.state(ctx, spec)
 	if err != nil || st == nil {

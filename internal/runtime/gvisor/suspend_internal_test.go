@@ -342,6 +342,34 @@ func TestTornRunscRecordFaultInjection(t *testing.T) {
 	assertNothingLeft(t, r, id)
 }
 
+// A delete of a suspended sandbox asks runsc about its container; a runsc
+// killed under it (by a wrapper that SIGKILLs its first `runsc state`:
+// fault injection standing for the OOM killer or an operator) is run
+// again, and the delete succeeds and leaves nothing.
+func TestDeleteRunsAgainARunscKilledUnderItFaultInjection(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, _ := started(ctx, t, r, newSpec)
+	if err := r.Suspend(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	mark := filepath.Join(t.TempDir(), "killed")
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = state ] && [ ! -e " + mark + " ]; then : > " + mark + "; kill -9 $$; fi\ndone\nexec \"" + r.cfg.Runsc + "\" \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := open(wrapper).Delete(ctx, spec); err != nil {
+		t.Fatalf("delete with its runsc killed once: %v", err)
+	}
+	if _, err := os.Stat(mark); err != nil {
+		t.Fatal("the wrapper never killed a runsc state: the delete did not ask")
+	}
+	assertNothingLeft(t, r, spec.SandboxID)
+}
+
 // TestForgetAKilledSandboxAtOnceFaultInjection: a sandbox killed from
 // outside (kill(1) here; the OOM killer or an operator in production) is
 // forgotten the moment its process is a zombie, as a failed wake or a
