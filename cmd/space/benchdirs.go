@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/procfs"
 )
 
 // benchDirPrefix names the directories `space bench --baseline` runs its
@@ -76,7 +78,7 @@ func clearBenchDir(dir string) error {
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		alive := 0
 		for _, pid := range killed {
-			if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+			if p, err := procfs.Stat(pid); err == nil && !p.Gone() {
 				alive++
 			}
 		}
@@ -111,16 +113,6 @@ func killNaming(prefix string) []int {
 		}
 	}
 	return killed
-}
-
-// zombie reports whether pid has exited and waits for its parent.
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i > 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
 // mountsUnder lists this mount namespace's mount points under prefix,
