@@ -100,19 +100,25 @@ func (n *bareNet) configure() error {
 		return fmt.Errorf("bare network: %w", err)
 	}
 	defer h.Close()
-	for _, name := range []string{"lo", "eth0"} {
+	up := func(name string) (netlink.Link, error) {
 		l, err := h.LinkByName(name)
 		if err == nil {
 			err = h.LinkSetUp(l)
 		}
-		if err == nil && name == "eth0" {
-			if err = h.AddrReplace(l, &netlink.Addr{IPNet: prefixNet(n.addr)}); err == nil {
-				err = h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: n.gw.AsSlice(), Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0"))})
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("bare network: %s: %w", name, err)
-		}
+		return l, err
+	}
+	if _, err := up("lo"); err != nil {
+		return fmt.Errorf("bare network: lo: %w", err)
+	}
+	eth, err := up("eth0")
+	if err == nil {
+		err = h.AddrReplace(eth, &netlink.Addr{IPNet: prefixNet(n.addr)})
+	}
+	if err == nil {
+		err = h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: n.gw.AsSlice(), Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0"))})
+	}
+	if err != nil {
+		return fmt.Errorf("bare network: eth0: %w", err)
 	}
 	return nil
 }
