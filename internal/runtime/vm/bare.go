@@ -176,7 +176,7 @@ func (b *Bare) Fork(ctx context.Context) error {
 	}
 	cp := b.spec
 	cp.SandboxID, cp.SnapshotDir = bareID+"-fork", filepath.Join(b.r.cfg.Dir, "fork-save")
-	defer b.r.Delete(context.WithoutCancel(ctx), cp)
+	defer b.r.deleteNow(context.WithoutCancel(ctx), cp)
 	if err := os.MkdirAll(b.r.sandboxDir(cp.SandboxID), 0o700); err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func (b *Bare) Fork(ctx context.Context) error {
 func (b *Bare) FromSave(ctx context.Context) error {
 	cp := b.spec
 	cp.SandboxID, cp.SnapshotDir = bareID+"-copy", filepath.Join(b.r.cfg.Dir, "copy-save")
-	defer b.r.Delete(context.WithoutCancel(ctx), cp)
+	defer b.r.deleteNow(context.WithoutCancel(ctx), cp)
 	if err := os.MkdirAll(b.r.sandboxDir(cp.SandboxID), 0o700); err != nil {
 		return err
 	}
@@ -212,12 +212,14 @@ func (b *Bare) FromSave(ctx context.Context) error {
 	return b.r.load(ctx, cp, statePath(b.spec))
 }
 
-// Delete ends the VM and removes its files (absent is success).
-func (b *Bare) Delete(ctx context.Context) error { return b.r.Delete(ctx, b.spec) }
+// Delete ends the VM and removes its files before it returns, as a bare
+// QEMU user freeing the VM's disk would (absent is success); SPACE's
+// delete leaves that removal to the background.
+func (b *Bare) Delete(ctx context.Context) error { return b.r.deleteNow(ctx, b.spec) }
 
 // Close deletes the VM and removes the bare VM's directory.
 func (b *Bare) Close() error {
-	b.r.Delete(context.Background(), b.spec)
+	b.r.deleteNow(context.Background(), b.spec)
 	b.r.Close()
 	return os.RemoveAll(b.r.cfg.Dir)
 }

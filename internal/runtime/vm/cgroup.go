@@ -73,11 +73,11 @@ func joinCgroup(id string, pid int, res sandbox.Resources) error {
 }
 
 // removeCgroup removes the VM's cgroups; they empty once QEMU's process is
-// reaped, which may take a moment after it exits.
+// reaped, a moment after it exits.
 func removeCgroup(id string) error {
-	var err error
-	for try := 0; try < 200; try++ {
-		err = nil
+	end := time.Now().Add(2 * time.Second)
+	for {
+		var err error
 		for _, dir := range cgroupDirs(id) {
 			if e := os.Remove(dir); e != nil && !os.IsNotExist(e) {
 				err = e
@@ -86,7 +86,9 @@ func removeCgroup(id string) error {
 		if err == nil {
 			return nil
 		}
-		time.Sleep(10 * time.Millisecond)
+		if time.Now().After(end) {
+			return fmt.Errorf("remove cgroup: %w", err)
+		}
+		time.Sleep(time.Millisecond)
 	}
-	return fmt.Errorf("remove cgroup: %w", err)
 }

@@ -33,6 +33,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -82,6 +84,11 @@ type Runtime struct {
 	exits *exitwatch.Watcher
 
 	images imageBuilds
+
+	// removing counts background removals of deleted sandboxes' files
+	// (aside.go); asideSeq names what Delete moves aside.
+	removing sync.WaitGroup
+	asideSeq atomic.Uint64
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -116,6 +123,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return ""
 		}
 		return filepath.Join(r.sandboxDir(id), "agent.key")
+	}
+	if err := r.sweepEnded(); err != nil {
+		return nil, fmt.Errorf("vm: %w", err)
 	}
 	r.pruneImages(ctx)
 	r.initramfs = filepath.Join(cfg.Dir, "initramfs.cpio")
@@ -168,6 +178,7 @@ func (r *Runtime) Name() string { return Name }
 // none runs. Running VMs keep theirs and are re-adopted by the next server.
 func (r *Runtime) Close() {
 	r.endpoints.CloseAll()
+	r.removing.Wait()
 	running := 0
 	ents, _ := os.ReadDir(r.cfg.SocketDir)
 	for _, e := range ents {
@@ -386,7 +397,7 @@ func (r *Runtime) stopQEMU(ctx context.Context, id string) {
 			syscall.Kill(pid, syscall.SIGKILL)
 			deadline = time.Now().Add(5 * time.Second)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -145,3 +145,89 @@ func TestBare(t *testing.T) {
 	runtimetest.AssertNothingLeft(t, "bare-vm", "space-vm")
 	runtimetest.AssertNothingLeft(t, "bare-vm-fork", "space-vm")
 }
+
+// A delete moves the sandbox's files out of its name at once and removes
+// them, and its cgroup, in the background; Close waits for that. What a
+// server that stopped before the removal left — files moved aside, the
+// cgroup they name — the next start removes.
+func TestDeleteLeavesRemovalToTheBackgroundAndAStartSweepsIt(t *testing.T) {
+	qemu := requireVM(t)
+	agent := runtimetest.BuildAgent(t)
+	store, _ := runtimetest.TestTemplate(t)
+	dir := t.TempDir()
+	open := func() *vm.Runtime {
+		r, err := vm.New(context.Background(), vm.Config{QEMU: qemu, Kernel: filepath.Join(guestDir, "vmlinuz"),
+			Modules: filepath.Join(guestDir, "modules"), AgentBin: agent, Dir: dir, Templates: store, Accel: "tcg"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// A sandbox at rest (no QEMU), as a suspended one is: its files, its
+	// save, an (empty) cgroup.
+	made := func(id string) (runtime.Spec, []string) {
+		spec := runtime.Spec{SandboxID: id, SnapshotDir: filepath.Join(dir, "saves", id)}
+		files := []string{filepath.Join(dir, "sandboxes", id, "mem"), filepath.Join(spec.SnapshotDir, "vmstate")}
+		for _, f := range files {
+			if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, make([]byte, 1<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cg := filepath.Join(cgroupOf(), id)
+		if err := os.MkdirAll(cg, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(cg) })
+		return spec, append(files, cg)
+	}
+	assertGone := func(paths []string) {
+		t.Helper()
+		for _, p := range paths {
+			if _, err := os.Stat(p); !os.IsNotExist(err) {
+				t.Errorf("%s: still there (%v)", p, err)
+			}
+		}
+	}
+	ended := func() []os.DirEntry {
+		ents, err := os.ReadDir(filepath.Join(dir, "ended"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ents
+	}
+
+	r := open()
+	spec, paths := made("sbx-deleted")
+	if err := r.Delete(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(paths[:2]) // out of the sandbox's name at once
+	r.Close()
+	assertGone(paths)
+	if left := ended(); len(left) != 0 {
+		t.Errorf("Close returned with %d deleted sandbox files left", len(left))
+	}
+
+	// A server that stopped between a delete and its removal.
+	spec, paths = made("sbx-cut")
+	left := filepath.Join(dir, "ended", "sbx-cut.ended-1-1")
+	if err := os.Rename(filepath.Join(dir, "sandboxes", "sbx-cut"), left); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(spec.SnapshotDir)
+	r = open()
+	r.Close()
+	assertGone(append(paths, left))
+}
+
+// cgroupOf is the parent of the vm runtime's cgroups (v2, or v1's memory
+// controller).
+func cgroupOf() string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return "/sys/fs/cgroup/space-vm"
+	}
+	return "/sys/fs/cgroup/memory/space-vm"
+}
