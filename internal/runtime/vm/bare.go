@@ -138,6 +138,8 @@ func (b *Bare) Note(row string) string {
 		return "cold boot until the guest's agent answers (SPACE starts from the template's snapshot or a warm pool)"
 	case "exec", "stdout_dd", "stdout_head":
 		return "through the guest's agent over virtio-serial, without SPACE's server (a VMM has no exec)"
+	case "delete":
+		return "QMP quit, then its cgroup and files removed before it returns (SPACE removes them in the background)"
 	case "wake":
 		return "QEMU -incoming over the RAM file + device state, until the guest's agent answers"
 	case "fork":
