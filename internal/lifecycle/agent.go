@@ -151,13 +151,15 @@ const (
 // identify gives a freshly created or woken sandbox its own identity: the
 // hostname and network (a new sandbox), the host's clock, and fresh entropy
 // so copies of one snapshot never share RNG state. Failures are logged: a
-// sandbox whose agent cannot be configured still runs.
+// sandbox whose agent cannot be configured still runs, but it is doubted
+// (lookAgain): its agent may have gone with it.
 func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.Spec, what identity) {
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c, err := rt.Agent(actx, spec)
 	if err != nil {
 		e.log.Debug("no agent to configure", "sandbox_id", spec.SandboxID, "err", err)
+		e.doubt(spec.SandboxID, nil)
 		return
 	}
 	id := sandboxio.Identity{Now: time.Now(), Entropy: make([]byte, 64), CPUs: spec.Resources.VCPUs}
@@ -171,6 +173,7 @@ func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.
 	rand.Read(id.Entropy)
 	if err := sandboxio.Wrap(c).Configure(actx, id); err != nil {
 		e.log.Warn("configure sandbox identity", "sandbox_id", spec.SandboxID, "err", err)
+		e.doubt(spec.SandboxID, nil)
 	}
 }
 

@@ -158,6 +158,11 @@ type Engine struct {
 	// resumed are the operations this process resumed at Start (left in
 	// flight by an earlier one): their sandboxes were not looked at then.
 	resumed map[string]bool
+	// doubted are sandboxes whose process may have ended while an
+	// operation had them (its exit was reported, or its agent went away
+	// as it was configured): the operation asks the runtime before it
+	// records them running (lookAgain).
+	doubted map[string]*runtime.Exit
 	started bool
 	// finished is closed (and replaced) whenever an operation finishes.
 	finished chan struct{}
@@ -195,7 +200,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, store: cfg.Store, log: cfg.Logger, now: cfg.Now,
-		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, resumed: map[string]bool{}, activity: newActivity(), poolKick: make(chan struct{}, 1), finished: make(chan struct{}),
+		runtimes: map[string]runtime.Runtime{}, running: map[string]bool{}, resumed: map[string]bool{}, doubted: map[string]*runtime.Exit{}, activity: newActivity(), poolKick: make(chan struct{}, 1), finished: make(chan struct{}),
 	}
 	e.store = watchedStore{Store: cfg.Store, hub: &e.changes}
 	if cfg.DefaultAutoLifecycle == (sandbox.AutoLifecycle{}) {

@@ -22,9 +22,11 @@ type FailureObserver interface {
 //
 // A sandbox with an operation in flight is left to that operation, which
 // mostly sees the same death. Not always: the death may come after the
-// runtime's part of it (a fork's source killed while its copies start), and
-// the operation then records the sandbox as it left it. So once that
-// operation is over, the runtime is asked again (recheckExit).
+// runtime's part of it (a fork's source killed while its copies start, a
+// created sandbox killed as it is configured). So the sandbox is doubted:
+// an operation about to record it running or paused asks the runtime first
+// (lookAgain); and once that operation is over, the runtime is asked again
+// (recheckExit), for a death after that look.
 func (e *Engine) sandboxExited(x runtime.Exit) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -42,6 +44,7 @@ func (e *Engine) sandboxExited(x runtime.Exit) {
 	if err != nil {
 		log.Info("sandbox's process ended; its state stands", "reason", x.Reason, "why", err, "operation_id", inFlight)
 		if inFlight != "" {
+			e.doubt(x.SandboxID, &x)
 			e.recheckExit(x, inFlight)
 		}
 		return

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -35,10 +34,11 @@ func (d *dyingRuntime) Pause(ctx context.Context, spec runtime.Spec) error {
 
 // A sandbox whose process dies during an operation that does not see the
 // death (it came after the runtime's part: a fork's source killed while its
-// copies start, found by the runtime-kill suite) is not left shown as the
-// operation left it: once the operation is recorded, the runtime is asked
-// again, and the sandbox is failed with the death's reason.
-func TestDeathDuringAnOperationFailsTheSandboxAfterItFaultInjected(t *testing.T) {
+// copies start, found by the runtime-kill suite) is not shown as the
+// operation would have left it: the death is reported before the outcome,
+// so the operation asks the runtime first, fails, and the sandbox is failed
+// with the death's reason.
+func TestDeathDuringAnOperationFailsItAndTheSandboxFaultInjected(t *testing.T) {
 	w := newWorldWith(t, t.TempDir(), fakeruntime.Config{}, func(c *lifecycle.Config) {
 		c.Runtimes = []runtime.Runtime{&dyingRuntime{Runtime: c.Runtimes[0].(*fakeruntime.Runtime)}}
 	})
@@ -48,18 +48,50 @@ func TestDeathDuringAnOperationFailsTheSandboxAfterItFaultInjected(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
-		t.Fatalf("pause = %+v", got)
+	if got := wait(t, w, op.ID); got.State != sandbox.OpFailed || got.Error == nil || got.Error.Code == "" {
+		t.Fatalf("pause = %+v %+v, want failed with a reason", got, got.Error)
 	}
-	var got *sandbox.Sandbox
-	if !eventually(5*time.Second, func() bool {
-		got, err = w.eng.Get(ctx, sb.ID)
-		return err == nil && got.State == sandbox.Failed
-	}) {
-		t.Fatalf("the dead sandbox is %s (%v), want failed", got.State, err)
+	got, err := w.eng.Get(ctx, sb.ID)
+	if err != nil || got.State != sandbox.Failed {
+		t.Fatalf("the dead sandbox is %+v (%v), want failed", got, err)
 	}
 	if got.Error == nil || got.Error.Code != "killed" {
 		t.Fatalf("failed with %+v, want the death's reason", got.Error)
+	}
+}
+
+// unconfigurableRuntime is the FAKE runtime whose sandboxes are killed
+// right after its create returns (FAULT INJECTED), before the engine
+// configures them, and whose death is not reported (an exit report races
+// the agent's going away; here it never comes).
+type unconfigurableRuntime struct{ *fakeruntime.Runtime }
+
+func (u *unconfigurableRuntime) Create(ctx context.Context, spec runtime.Spec) error {
+	if err := u.Runtime.Create(ctx, spec); err != nil {
+		return err
+	}
+	return u.Runtime.Delete(ctx, spec)
+}
+
+// A create whose sandbox is gone by the time its agent is to be configured
+// fails, and the sandbox with it, instead of being shown running (the
+// runtime-kill suite found a create reported succeeded and its sandbox
+// failed a moment later).
+func TestCreateWhoseSandboxDiesBeforeItIsConfiguredFailsFaultInjected(t *testing.T) {
+	w := newWorldWith(t, t.TempDir(), fakeruntime.Config{}, func(c *lifecycle.Config) {
+		c.Runtimes = []runtime.Runtime{&unconfigurableRuntime{Runtime: c.Runtimes[0].(*fakeruntime.Runtime)}}
+	})
+	ctx := context.Background()
+	sb, op, err := w.eng.Create(ctx, lifecycle.CreateRequest{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpFailed || got.Error == nil || got.Error.Code == "" {
+		t.Fatalf("create = %+v, want failed with a reason", got)
+	}
+	got, err := w.eng.Get(ctx, sb.ID)
+	if err != nil || got.State != sandbox.Failed || got.Error == nil {
+		t.Fatalf("the dead sandbox: %+v %v, want failed with a reason", got, err)
 	}
 }
 

@@ -307,6 +307,9 @@ func (e *Engine) finishWith(log interface{ Error(string, ...any) }, op sandbox.O
 		return
 	}
 	op.State = f.State
+	if op.SandboxID != "" {
+		e.takeDoubt(op.SandboxID) // looked at, or failed: a later operation starts afresh
+	}
 	e.notifyFinished()
 	e.observe(op, time.Since(start))
 	if op.SandboxID == "" {

@@ -82,22 +82,69 @@ func (e *Engine) wasResumed(opID string) bool {
 	return e.resumed[opID]
 }
 
-// lookAgain is, for an operation resumed at this start, what Start does for
-// every sandbox at rest, before the outcome is recorded: Start skipped the
-// sandbox, and a step that finds its work done (a save complete before the
-// crash) may not look at it at all. A sandbox meant to run on (state to) is
-// watched by its runtime from here on; one the host lost meanwhile (the
-// server and the sandbox died together) is an error, so that it is failed
-// with the reason instead of shown running.
+// doubt notes that sandbox id's process may have ended while an operation
+// had it: x is its reported exit, or nil where only its agent went away.
+// takeDoubt reports and forgets it (ok: doubted).
+func (e *Engine) doubt(id string, x *runtime.Exit) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if x != nil || e.doubted[id] == nil {
+		e.doubted[id] = x
+	}
+}
+
+func (e *Engine) takeDoubt(id string) (x *runtime.Exit, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	x, ok = e.doubted[id]
+	delete(e.doubted, id)
+	return x, ok
+}
+
+// errEndedDuring is an operation's error when the sandbox it was to leave
+// running ended under it.
+var errEndedDuring = errors.New("the sandbox's process ended during the operation")
+
+// endedDuring is errEndedDuring with the exit the runtime reported, if any.
+type endedDuring struct{ exit *runtime.Exit }
+
+func (endedDuring) Error() string        { return errEndedDuring.Error() }
+func (endedDuring) Is(target error) bool { return target == errEndedDuring }
+
+// sandboxError is the failed sandbox's error after an operation that ended
+// with cause: the reported exit's reason where the sandbox's process ended
+// under it, else fallback.
+func sandboxError(cause error, fallback *sandbox.ErrorInfo) *sandbox.ErrorInfo {
+	var ended endedDuring
+	if errors.As(cause, &ended) && ended.exit != nil && ended.exit.Reason != "" {
+		return &sandbox.ErrorInfo{Code: ended.exit.Reason, Message: ended.exit.Message}
+	}
+	return fallback
+}
+
+// lookAgain asks the runtime about a sandbox an operation is about to
+// record running or paused (to), when the operation was resumed at this
+// start or the sandbox was doubted during it; one the host no longer has is
+// an error, so that the operation fails and the sandbox is failed with the
+// reason instead of shown running. A resumed operation's sandbox was
+// skipped by Start, and a step that finds its work done (a save complete
+// before the crash) may not look at it at all; a doubted one's process
+// ended, or its agent went away, before the outcome. A sandbox meant to run
+// on is watched by its runtime from here on.
 func (e *Engine) lookAgain(ctx context.Context, rt runtime.Runtime, op sandbox.Operation, spec runtime.Spec, to sandbox.State) error {
-	if !e.wasResumed(op.ID) || (to != sandbox.Running && to != sandbox.Paused) {
+	exit, doubted := e.takeDoubt(spec.SandboxID)
+	resumed := e.wasResumed(op.ID)
+	if (!resumed && !doubted) || (to != sandbox.Running && to != sandbox.Paused) {
 		return nil
 	}
 	status, err := rt.Recover(ctx, spec)
-	if err == nil && status == runtime.StatusAbsent {
+	if err != nil || status != runtime.StatusAbsent {
+		return nil
+	}
+	if resumed {
 		return fmt.Errorf("%s after a restart: the runtime has nothing of %s on the host: %w", op.Kind, spec.SandboxID, runtime.ErrNotFound)
 	}
-	return nil
+	return fmt.Errorf("%s of %s: %w", op.Kind, spec.SandboxID, endedDuring{exit})
 }
 
 // readopt asks the sandbox's runtime to re-adopt it and repairs the record

@@ -270,7 +270,7 @@ func (e *Engine) fail(ctx context.Context, log interface {
 		}
 		e.detach(octx, spec.SandboxID)
 		os.RemoveAll(spec.SnapshotDir)
-		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, opErr)
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, sandboxError(cause, opErr))
 		return
 	}
 	status, err := rt.Recover(octx, spec)
@@ -291,7 +291,7 @@ func (e *Engine) fail(ctx context.Context, log interface {
 		e.forgetSnapshot(octx, spec.SandboxID)
 		e.finish(log, op, start, sandbox.OpSucceeded, nil, sandbox.Deleted, nil)
 	case status == runtime.StatusAbsent:
-		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, lostDuring(op.Kind))
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, sandboxError(cause, lostDuring(op.Kind)))
 	default:
 		e.finish(log, op, start, sandbox.OpFailed, opErr, runtime.StateOf(status), nil)
 	}
@@ -312,6 +312,8 @@ func operationError(op sandbox.Operation, cause error) *sandbox.ErrorInfo {
 		return &sandbox.ErrorInfo{Code: kerr.Kind.Code, Message: kerr.Message}
 	case errors.Is(cause, context.DeadlineExceeded):
 		return &sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("%s did not finish in time", op.Kind)}
+	case errors.Is(cause, errEndedDuring):
+		return &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: fmt.Sprintf("%s failed: the sandbox's process ended before the %s was complete; the server log has the details for operation %s", op.Kind, op.Kind, op.ID)}
 	case errors.Is(cause, agentclient.ErrHostEnded):
 		// The sandbox's own process died as it started (out of memory,
 		// killed on the host): not a fault a retry of the same step mends.
