@@ -50,8 +50,14 @@ func (e *Engine) sandboxExited(x runtime.Exit) {
 		return
 	}
 	log.Warn("sandbox failed", "event", "sandbox_failed", "reason", x.Reason, "message", x.Message, "runtime", sb.Runtime)
+	e.sandboxFailed(sb.Runtime, x.Reason)
+}
+
+// sandboxFailed counts a sandbox that failed on its own and lets the warm
+// pools refill.
+func (e *Engine) sandboxFailed(rtName, reason string) {
 	if fo, ok := e.cfg.Observer.(FailureObserver); ok {
-		fo.SandboxFailed(sb.Runtime, x.Reason)
+		fo.SandboxFailed(rtName, reason)
 	}
 	e.kickPools()
 }

@@ -3,7 +3,9 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -39,8 +41,10 @@ func (d *dyingRuntime) Pause(ctx context.Context, spec runtime.Spec) error {
 // so the operation asks the runtime first, fails, and the sandbox is failed
 // with the death's reason.
 func TestDeathDuringAnOperationFailsItAndTheSandboxFaultInjected(t *testing.T) {
+	failures := &failureCounter{}
 	w := newWorldWith(t, t.TempDir(), fakeruntime.Config{}, func(c *lifecycle.Config) {
 		c.Runtimes = []runtime.Runtime{&dyingRuntime{Runtime: c.Runtimes[0].(*fakeruntime.Runtime)}}
+		c.Observer = failures
 	})
 	ctx := context.Background()
 	sb := create(t, w)
@@ -58,6 +62,30 @@ func TestDeathDuringAnOperationFailsItAndTheSandboxFaultInjected(t *testing.T) {
 	if got.Error == nil || got.Error.Code != "killed" {
 		t.Fatalf("failed with %+v, want the death's reason", got.Error)
 	}
+	if got := failures.reasons(); len(got) != 1 || got[0] != "killed" {
+		t.Fatalf("failures counted: %v, want one, killed", got)
+	}
+}
+
+// failureCounter is an Observer that keeps the reasons of the sandboxes
+// that failed on their own.
+type failureCounter struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (*failureCounter) OperationFinished(sandbox.OpKind, sandbox.OpState, time.Duration) {}
+
+func (f *failureCounter) SandboxFailed(_, reason string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seen = append(f.seen, reason)
+}
+
+func (f *failureCounter) reasons() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.seen...)
 }
 
 // unconfigurableRuntime is the FAKE runtime whose sandboxes are killed

@@ -111,13 +111,22 @@ type endedDuring struct{ exit *runtime.Exit }
 func (endedDuring) Error() string        { return errEndedDuring.Error() }
 func (endedDuring) Is(target error) bool { return target == errEndedDuring }
 
+// exitOf is the exit reported for a sandbox whose process ended under the
+// operation that ended with cause, or nil.
+func exitOf(cause error) *runtime.Exit {
+	var ended endedDuring
+	if errors.As(cause, &ended) && ended.exit != nil && ended.exit.Reason != "" {
+		return ended.exit
+	}
+	return nil
+}
+
 // sandboxError is the failed sandbox's error after an operation that ended
 // with cause: the reported exit's reason where the sandbox's process ended
 // under it, else fallback.
 func sandboxError(cause error, fallback *sandbox.ErrorInfo) *sandbox.ErrorInfo {
-	var ended endedDuring
-	if errors.As(cause, &ended) && ended.exit != nil && ended.exit.Reason != "" {
-		return &sandbox.ErrorInfo{Code: ended.exit.Reason, Message: ended.exit.Message}
+	if x := exitOf(cause); x != nil {
+		return &sandbox.ErrorInfo{Code: x.Reason, Message: x.Message}
 	}
 	return fallback
 }

@@ -260,6 +260,15 @@ func (e *Engine) fail(ctx context.Context, log interface {
 	Warn(string, ...any)
 }, rt runtime.Runtime, op sandbox.Operation, spec runtime.Spec, start time.Time, cause error) {
 	opErr := operationError(op, cause)
+	// failed is the error of the sandbox the operation leaves failed: the
+	// reported exit's where its process ended under the operation (counted
+	// as a sandbox failed on its own), else fallback.
+	failed := func(fallback *sandbox.ErrorInfo) *sandbox.ErrorInfo {
+		if x := exitOf(cause); x != nil {
+			e.sandboxFailed(rt.Name(), x.Reason)
+		}
+		return sandboxError(cause, fallback)
+	}
 	// Observe under a fresh bounded context: the operation's may have expired.
 	octx, cancel := context.WithTimeout(context.WithoutCancel(e.life), time.Minute)
 	defer cancel()
@@ -270,7 +279,7 @@ func (e *Engine) fail(ctx context.Context, log interface {
 		}
 		e.detach(octx, spec.SandboxID)
 		os.RemoveAll(spec.SnapshotDir)
-		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, sandboxError(cause, opErr))
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, failed(opErr))
 		return
 	}
 	status, err := rt.Recover(octx, spec)
@@ -291,7 +300,7 @@ func (e *Engine) fail(ctx context.Context, log interface {
 		e.forgetSnapshot(octx, spec.SandboxID)
 		e.finish(log, op, start, sandbox.OpSucceeded, nil, sandbox.Deleted, nil)
 	case status == runtime.StatusAbsent:
-		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, sandboxError(cause, lostDuring(op.Kind)))
+		e.finish(log, op, start, sandbox.OpFailed, opErr, sandbox.Failed, failed(lostDuring(op.Kind)))
 	default:
 		e.finish(log, op, start, sandbox.OpFailed, opErr, runtime.StateOf(status), nil)
 	}
