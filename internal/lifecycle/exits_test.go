@@ -152,3 +152,40 @@ func TestSourceLostDuringASnapshotFailsWithAReasonFaultInjected(t *testing.T) {
 		t.Fatalf("the lost source: %+v %v, want failed with a reason", got, err)
 	}
 }
+
+// uncopyableRuntime is the FAKE runtime whose copies are killed right after
+// they start from a save (FAULT INJECTED), before the engine configures
+// them, with no exit reported.
+type uncopyableRuntime struct{ *fakeruntime.Runtime }
+
+func (u *uncopyableRuntime) CreateFrom(ctx context.Context, spec runtime.Spec, dir string) error {
+	if err := u.Runtime.CreateFrom(ctx, spec, dir); err != nil {
+		return err
+	}
+	return u.Runtime.Delete(ctx, spec)
+}
+
+// A fork whose copy is gone by the time it is configured fails, all or
+// none: no copy is shown running, and the source runs on.
+func TestForkWhoseCopyDiesAsItStartsFailsFaultInjected(t *testing.T) {
+	w := newWorldWith(t, t.TempDir(), fakeruntime.Config{}, func(c *lifecycle.Config) {
+		c.Runtimes = []runtime.Runtime{&uncopyableRuntime{Runtime: c.Runtimes[0].(*fakeruntime.Runtime)}}
+	})
+	ctx := context.Background()
+	src := create(t, w)
+	op, copies, err := w.eng.Fork(ctx, src.ID, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpFailed || got.Error == nil || got.Error.Code == "" {
+		t.Fatalf("fork = %+v, want failed with a reason", got)
+	}
+	for _, c := range copies {
+		if got, err := w.eng.Get(ctx, c.ID); err != nil || got.State != sandbox.Failed {
+			t.Fatalf("copy %s: %+v %v, want failed", c.ID, got, err)
+		}
+	}
+	if got, err := w.eng.Get(ctx, src.ID); err != nil || got.State != sandbox.Running {
+		t.Fatalf("source: %+v %v, want running", got, err)
+	}
+}

@@ -201,6 +201,8 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 				return
 			}
 			e.identify(ctx, rt, spec, copied)
+			// A copy that died as it started (doubted) fails the fork.
+			errs[i] = e.lookAgain(ctx, rt, op, spec, sandbox.Running)
 		}()
 	}
 	if !saveDone() {
