@@ -101,15 +101,11 @@ func (e *Engine) takeDoubt(id string) (x *runtime.Exit, ok bool) {
 	return x, ok
 }
 
-// errEndedDuring is an operation's error when the sandbox it was to leave
-// running ended under it.
-var errEndedDuring = errors.New("the sandbox's process ended during the operation")
-
-// endedDuring is errEndedDuring with the exit the runtime reported, if any.
+// endedDuring is an operation's error when the sandbox it was to leave
+// running ended under it, with the exit the runtime reported, if any.
 type endedDuring struct{ exit *runtime.Exit }
 
-func (endedDuring) Error() string        { return errEndedDuring.Error() }
-func (endedDuring) Is(target error) bool { return target == errEndedDuring }
+func (endedDuring) Error() string { return "the sandbox's process ended during the operation" }
 
 // exitOf is the exit reported for a sandbox whose process ended under the
 // operation that ended with cause, or nil.
@@ -119,16 +115,6 @@ func exitOf(cause error) *runtime.Exit {
 		return ended.exit
 	}
 	return nil
-}
-
-// sandboxError is the failed sandbox's error after an operation that ended
-// with cause: the reported exit's reason where the sandbox's process ended
-// under it, else fallback.
-func sandboxError(cause error, fallback *sandbox.ErrorInfo) *sandbox.ErrorInfo {
-	if x := exitOf(cause); x != nil {
-		return &sandbox.ErrorInfo{Code: x.Reason, Message: x.Message}
-	}
-	return fallback
 }
 
 // lookAgain asks the runtime about a sandbox an operation is about to

@@ -264,10 +264,12 @@ func (e *Engine) fail(ctx context.Context, log interface {
 	// reported exit's where its process ended under the operation (counted
 	// as a sandbox failed on its own), else fallback.
 	failed := func(fallback *sandbox.ErrorInfo) *sandbox.ErrorInfo {
-		if x := exitOf(cause); x != nil {
-			e.sandboxFailed(rt.Name(), x.Reason)
+		x := exitOf(cause)
+		if x == nil {
+			return fallback
 		}
-		return sandboxError(cause, fallback)
+		e.sandboxFailed(rt.Name(), x.Reason)
+		return &sandbox.ErrorInfo{Code: x.Reason, Message: x.Message}
 	}
 	// Observe under a fresh bounded context: the operation's may have expired.
 	octx, cancel := context.WithTimeout(context.WithoutCancel(e.life), time.Minute)
@@ -321,7 +323,7 @@ func operationError(op sandbox.Operation, cause error) *sandbox.ErrorInfo {
 		return &sandbox.ErrorInfo{Code: kerr.Kind.Code, Message: kerr.Message}
 	case errors.Is(cause, context.DeadlineExceeded):
 		return &sandbox.ErrorInfo{Code: errdefs.Unavailable.Code, Message: fmt.Sprintf("%s did not finish in time", op.Kind)}
-	case errors.Is(cause, errEndedDuring):
+	case errors.As(cause, new(endedDuring)):
 		return &sandbox.ErrorInfo{Code: errdefs.Internal.Code, Message: fmt.Sprintf("%s failed: the sandbox's process ended before the %s was complete; the server log has the details for operation %s", op.Kind, op.Kind, op.ID)}
 	case errors.Is(cause, agentclient.ErrHostEnded):
 		// The sandbox's own process died as it started (out of memory,
