@@ -147,7 +147,7 @@ func (e *Engine) executeFork(ctx context.Context, log interface {
 	var sourceErr error // written before sourceDone is closed
 	go func() {
 		defer close(sourceDone)
-		_, sourceErr = e.saveSource(ctx, rt, srcSb, dir, markSaved)
+		sourceErr = e.saveSource(ctx, rt, srcSb, op.ID, dir, markSaved)
 	}()
 	// saveDone waits for the save: false when it failed (the copies are
 	// then not started).
@@ -247,35 +247,47 @@ func (e *Engine) forkSpec(ctx context.Context, id string) runtime.Spec {
 }
 
 // saveSource saves a fork's or snapshot's source into dir through the
-// runtime's Snapshotter (which it returns) and gives a running source its
-// clock and fresh entropy again (a VM's clock stood still during the save,
-// and the copies start from its RNG's state); its hostname and address are
-// its own still, also where the runtime saved it by restoring it in place
-// (gVisor: in its own namespace). A save with saved set is
-// a fork's: its copies start from it at once and it is removed after, so it
-// need not be durable (Ephemeral).
-func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, dir string, saved func()) (runtime.Snapshotter, error) {
+// runtime's Snapshotter and gives a running source its clock and fresh
+// entropy again (a VM's clock stood still during the save, and the copies
+// start from its RNG's state); its hostname and address are its own still,
+// also where the runtime saved it by restoring it in place (gVisor: in its
+// own namespace). A save with saved set is a fork's: its copies start from
+// it at once and it is removed after, so it need not be durable
+// (Ephemeral).
+//
+// An operation resumed at this start (opID) may find its source gone with
+// the server that began it: the runtime is asked first, and the agent of a
+// source it no longer has is not called (each call would wait out its
+// timeout for an agent that never dials in). The save is still asked for:
+// one complete before the crash is adopted, and the copies start from it.
+func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbox.Sandbox, opID, dir string, saved func()) error {
 	snap, ok := rt.(runtime.Snapshotter)
 	if !ok {
-		return nil, errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot copy live sandboxes", rt.Name())
+		return errdefs.New(errdefs.FailedPrecondition, "the %s runtime cannot copy live sandboxes", rt.Name())
 	}
 	spec := e.spec(src)
 	spec.Renetwork = e.renetwork(rt, src)
 	spec.Saved = saved
 	spec.Ephemeral = saved != nil
-	if src.State == sandbox.Running {
+	running := src.State == sandbox.Running
+	if running && e.wasResumed(opID) {
+		if st, err := rt.Recover(ctx, spec); err == nil && st == runtime.StatusAbsent {
+			running = false
+		}
+	}
+	if running {
 		e.flush(ctx, rt, spec)
 	}
 	if err := os.MkdirAll(e.cfg.SnapshotRoot, 0o700); err != nil {
-		return nil, fmt.Errorf("make snapshot directory: %w", err)
+		return fmt.Errorf("make snapshot directory: %w", err)
 	}
 	if err := snap.Snapshot(ctx, spec, dir); err != nil {
-		return nil, err
+		return err
 	}
-	if src.State == sandbox.Running {
+	if running {
 		e.identify(ctx, rt, spec, woken)
 	}
-	return snap, nil
+	return nil
 }
 
 // sourceAfterFailure is the state a source ends in after a failed fork or

@@ -102,7 +102,7 @@ func (e *Engine) executeSnapshot(ctx context.Context, log interface {
 		e.finishWith(log, op, start, store.Finish{OperationID: op.ID, State: sandbox.OpFailed, Error: opErr, SandboxState: from, SandboxError: srcErr,
 			Snapshot: &store.SnapshotOutcome{SnapshotID: op.Snapshot, State: sandbox.SnapshotFailed, Error: opErr}})
 	}
-	if _, err := e.saveSource(ctx, rt, src, dir, nil); err != nil {
+	if err := e.saveSource(ctx, rt, src, op.ID, dir, nil); err != nil {
 		log.Error("snapshot: save the source", "err", err)
 		fail(err)
 		return

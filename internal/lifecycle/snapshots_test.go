@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/lifecycle"
 	"github.com/spacesandbox/space/internal/runtime"
@@ -286,7 +288,8 @@ func testDeleteSnapshotWhileStartingFromIt(t *testing.T) {
 // host lost meanwhile (the server and the sandbox died together) must not be
 // left shown running: the resumed operation looks at it, as Start looks at
 // every sandbox at rest, and fails it with the reason. (A fork's copies run
-// from the save, a snapshot is ready.)
+// from the save, a snapshot is ready.) The lost source's agent is not
+// called: on gVisor each call waits 10 s for an agent that never dials in.
 func TestResumedCopyLooksAtItsSourceAgain(t *testing.T) {
 	for _, kind := range []string{"snapshot", "fork"} {
 		t.Run(kind, func(t *testing.T) {
@@ -324,9 +327,16 @@ func testResumedCopyLooksAtItsSourceAgain(t *testing.T, kind string) {
 		t.Fatal(err)
 	}
 
-	w2 := newWorld(t, dir, fakeruntime.Config{})
+	var counted *agentCounter
+	w2 := newWorldWith(t, dir, fakeruntime.Config{}, func(c *lifecycle.Config) {
+		counted = &agentCounter{Runtime: c.Runtimes[0].(*fakeruntime.Runtime), calls: map[string]int{}}
+		c.Runtimes = []runtime.Runtime{counted}
+	})
 	if got := wait(t, w2, op.ID); got.State != sandbox.OpSucceeded {
 		t.Fatalf("resumed %s = %+v", kind, got)
+	}
+	if n := counted.of(src.ID); n != 0 {
+		t.Fatalf("the agent of a source the host lost was called %d times by the resumed %s", n, kind)
 	}
 	if sb, _ := w2.eng.Get(ctx, src.ID); sb.State != sandbox.Failed || sb.Error == nil || sb.Error.Message == "" {
 		t.Fatalf("a source the host lost is %s %+v after its resumed %s, want failed with a reason", sb.State, sb.Error, kind)
@@ -341,4 +351,25 @@ func testResumedCopyLooksAtItsSourceAgain(t *testing.T, kind string) {
 			t.Fatalf("fork %s not running after the resumed fork", f.ID)
 		}
 	}
+}
+
+// agentCounter is the FAKE runtime counting the agent calls it is asked for,
+// by sandbox.
+type agentCounter struct {
+	*fakeruntime.Runtime
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (a *agentCounter) Agent(ctx context.Context, spec runtime.Spec) (*agentclient.Client, error) {
+	a.mu.Lock()
+	a.calls[spec.SandboxID]++
+	a.mu.Unlock()
+	return a.Runtime.Agent(ctx, spec)
+}
+
+func (a *agentCounter) of(id string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.calls[id]
 }
