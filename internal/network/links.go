@@ -410,10 +410,10 @@ func (m *Manager) removeAllLinks() {
 			netlink.LinkDel(l)
 		}
 	}
-	ents, _ := os.ReadDir("/run/netns")
+	ents, _ := os.ReadDir(netnsDir)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "space-"+m.tag+"-") {
-			removeNetns(filepath.Join("/run/netns", e.Name()))
+			removeNetns(filepath.Join(netnsDir, e.Name()))
 		}
 	}
 }
@@ -423,6 +423,49 @@ func (m *Manager) removeAllLinks() {
 func isNetns(path string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
+// netnsDir is where named network namespaces are pinned, as iproute2's
+// `ip netns` names them.
+const netnsDir = "/run/netns"
+
+// shareNetnsDir makes netnsDir a shared mount point of its own, as `ip
+// netns add` does the first time it runs on a host. A namespace pinned in
+// the plain directory is hidden when ip later binds the directory onto
+// itself: a removal then unmounts only the copy the bind took, the file
+// stays busy, and the pin underneath, out of every path's reach, holds the
+// namespace and its links until the host reboots. Where the plain directory
+// holds namespaces already (pinned by an earlier release, or by another
+// program), binding it now would hide them just the same: it is left as it
+// is, and the reason returned. Servers starting at once on a host take
+// turns (a lock on the directory), so that neither binds over the other's
+// pins.
+func shareNetnsDir() error {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return err
+	}
+	d, err := os.Open(netnsDir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", netnsDir, err)
+	}
+	err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if !errors.Is(err, unix.EINVAL) {
+		return err // shared already (nil), or a real failure
+	}
+	ents, _ := os.ReadDir(netnsDir)
+	for _, e := range ents {
+		if isNetns(filepath.Join(netnsDir, e.Name())) {
+			return fmt.Errorf("%s is not a mount point and already pins %s: left as it is (a later `ip netns add` on this host hides such pins)", netnsDir, e.Name())
+		}
+	}
+	if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s onto itself: %w", netnsDir, err)
+	}
+	return unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
 }
 
 // removeNetns removes a named network namespace: its bind mount, then its

@@ -152,6 +152,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.DNS == "" {
 		m.cfg.DNS = hostResolver()
 	}
+	if err := shareNetnsDir(); err != nil {
+		m.log.Warn("network: named network namespaces stay in a plain directory", "err", err)
+	}
 	m.floor = netpolicy.NewFloor(append([]netip.Prefix{cfg.Range}, hostAddrs()...), cfg.OpenPrivate)
 	if err := m.load(); err != nil {
 		return nil, err
@@ -219,7 +222,7 @@ func (m *Manager) guestAddr(idx int) netip.Addr { return m.prefixOf(idx).Addr().
 func (m *Manager) linkName(idx int) string      { return "s" + m.tag + "x" + strconv.Itoa(idx) }
 func (m *Manager) linkPrefix() string           { return "s" + m.tag + "x" }
 func (m *Manager) nsName(id string) string      { return "space-" + m.tag + "-" + id }
-func (m *Manager) nsPath(id string) string      { return filepath.Join("/run/netns", m.nsName(id)) }
+func (m *Manager) nsPath(id string) string      { return filepath.Join(netnsDir, m.nsName(id)) }
 func (m *Manager) capacity() int                { return 1 << (32 - m.cfg.Range.Bits()) / 4 }
 
 // byAddr finds the sandbox that owns a source address.
