@@ -1,6 +1,6 @@
 // Package procfs reads the few /proc files the host needs (the metrics'
-// host gauges, the density bench, the runtimes' look at a process's
-// life), one parser for each.
+// host gauges, the density bench, the runtimes' look at a process's life
+// and at the host's boot), one parser for each.
 //
 // The agent keeps its own copy of the /proc/meminfo parser
 // (internal/agent/metrics.go) on purpose: its binary must stay
@@ -48,6 +48,16 @@ func MemInfo() (map[string]uint64, error) {
 		return nil, err
 	}
 	return ParseMemInfo(b), nil
+}
+
+// BootID is the id the kernel gave this boot of the host: files written
+// but not flushed in another boot may have lost writes with it.
+func BootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("read the host's boot id: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // Process is what /proc/<pid>/stat says of a process's life.

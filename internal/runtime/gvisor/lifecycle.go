@@ -68,12 +68,28 @@ func replaceFile(path string, b []byte) error {
 // finished. A suspend writes it as soon as runsc returns, before it ends the
 // sandbox. A generation without it may be a checkpoint cut short (the
 // sandbox died during the save, with the server): its files are there, in
-// part, and no restore can use them.
+// part, and no restore can use them. It holds the host's boot id: the
+// suspend flushes the save after writing it, so one a killed server left
+// unmarked is adopted only in the boot that wrote it (see savedAlready).
 const savedMarker = "saved"
 
-// markSaved records that the checkpoint into generation gdir finished.
+// markSaved records that the checkpoint into generation gdir finished, in
+// this boot of the host.
 func markSaved(gdir string) error {
-	return os.WriteFile(filepath.Join(gdir, savedMarker), nil, 0o600)
+	boot, err := procfs.BootID()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(gdir, savedMarker), []byte(boot), 0o600)
+}
+
+// savedInEarlierBoot reports whether generation gdir's checkpoint finished
+// in an earlier boot of the host (a marker from before the boot id was
+// recorded is empty, and says nothing).
+func savedInEarlierBoot(gdir string) bool {
+	b, err := os.ReadFile(filepath.Join(gdir, savedMarker))
+	boot, berr := procfs.BootID()
+	return err == nil && berr == nil && len(b) > 0 && string(b) != boot
 }
 
 // newestCheckpoint is the newest generation in dir whose checkpoint
@@ -632,10 +648,17 @@ func (r *Runtime) savedAlready(ctx context.Context, spec runtime.Spec, exists bo
 	id, dir := spec.SandboxID, spec.SnapshotDir
 	if !snapshotComplete(dir) {
 		// The server died after the checkpoint was written but before it
-		// was marked current: it is the sandbox's state now.
-		if gen := newestCheckpoint(dir); gen != "" {
+		// was marked current: it is the sandbox's state now, unless it was
+		// written in an earlier boot of the host (that server may have
+		// died before flushing it, and its files lost writes with the
+		// boot).
+		gen := newestCheckpoint(dir)
+		if gen != "" && savedInEarlierBoot(filepath.Join(dir, gen)) {
+			r.log.Warn("gvisor: not adopting a checkpoint a killed server left unmarked and unflushed before the host restarted", "sandbox_id", id, "generation", gen)
+			gen = ""
+		}
+		if gen != "" {
 			r.log.Warn("gvisor: adopting a checkpoint a killed server left unmarked", "sandbox_id", id, "generation", gen)
-			// (That server may have died before making it durable.)
 			if err := syncDir(filepath.Join(dir, gen)); err != nil {
 				return fmt.Errorf("sync the adopted checkpoint: %w", err)
 			}

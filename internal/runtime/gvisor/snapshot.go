@@ -14,6 +14,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/procfs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -226,7 +227,7 @@ func sealSave(dir string, ephemeral bool) error {
 	if !ephemeral {
 		return syncDir(dir)
 	}
-	boot, err := hostBoot()
+	boot, err := procfs.BootID()
 	if err != nil {
 		return err
 	}
@@ -257,14 +258,8 @@ func savedThisBoot(dir string) bool {
 	if errors.Is(err, os.ErrNotExist) {
 		return true
 	}
-	boot, berr := hostBoot()
+	boot, berr := procfs.BootID()
 	return err == nil && berr == nil && string(b) == boot
-}
-
-// hostBoot is the id the kernel gave this boot of the host.
-func hostBoot() (string, error) {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	return strings.TrimSpace(string(b)), err
 }
 
 // redialingAgent returns the client of the sandbox's agent if that agent

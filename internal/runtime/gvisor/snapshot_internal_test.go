@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/spacesandbox/space/internal/agent/proto"
+	"github.com/spacesandbox/space/internal/procfs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -152,7 +153,7 @@ func TestSnapshotEphemeralSaveFromAnEarlierBootIsNotTrustedFaultInjected(t *test
 	if err := r.Snapshot(ctx, spec, img); err != nil {
 		t.Fatal(err)
 	}
-	boot, err := hostBoot()
+	boot, err := procfs.BootID()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -215,6 +215,47 @@ func TestSuspendDoesNotAdoptACheckpointCutShortFaultInjection(t *testing.T) {
 	}
 }
 
+// A server killed during a suspend after the checkpoint finished, and the
+// host restarted before the next server: the save may never have been
+// flushed (the suspend flushes it after the checkpoint), so its files may
+// have lost writes with the host's boot. The resumed suspend does not adopt
+// it: the sandbox is gone. Fault injected: the saved mark holds a boot id
+// the host does not have now (a restart no test can make); with this
+// boot's id the same save is adopted.
+func TestSuspendDoesNotAdoptASaveOfAnEarlierBootFaultInjection(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	spec, _ := started(ctx, t, r, newSpec)
+	gdir := checkpointThenKill(ctx, t, r, spec, true)
+	boot, err := os.ReadFile(filepath.Join(gdir, savedMarker))
+	if now, _ := procfs.BootID(); err != nil || string(boot) != now {
+		t.Fatalf("saved mark %q (%v), want this boot's id %q", boot, err, now)
+	}
+	if err := os.WriteFile(filepath.Join(gdir, savedMarker), []byte("00000000-0000-4000-8000-000000000000"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+
+	r = open()
+	if err := r.Suspend(ctx, spec); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("the resumed suspend over a save of an earlier boot: %v, want not found", err)
+	}
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusAbsent {
+		t.Fatalf("after the resumed suspend: %v %v, want absent", st, err)
+	}
+	if err := os.WriteFile(filepath.Join(gdir, savedMarker), boot, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Suspend(ctx, spec); err != nil {
+		t.Fatalf("the resumed suspend over a save of this boot: %v", err)
+	}
+	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusSuspended {
+		t.Fatalf("after adopting the save of this boot: %v %v, want suspended", st, err)
+	}
+}
+
 // A suspend leaves the snapshot directory holding its own generation
 // only: the one the sandbox was woken from moves out at once (to the
 // runtime's trash) and is removed a moment later, not while the suspend

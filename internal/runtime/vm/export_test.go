@@ -46,3 +46,11 @@ func (r *Runtime) StopFaultInjection(ctx context.Context, id string) error {
 	_, err = q.execute(ctx, "stop", nil)
 	return err
 }
+
+// SaveUnflushedFaultInjection does what a suspend does up to the end of
+// QEMU, before the flush of RAM file and disk, as a server killed at that
+// instant would.
+func (r *Runtime) SaveUnflushedFaultInjection(ctx context.Context, spec runtime.Spec) error {
+	r.exits.Stop(spec.SandboxID)
+	return r.saveUnflushed(ctx, spec)
+}

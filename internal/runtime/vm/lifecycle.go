@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/procfs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
 
@@ -147,7 +148,7 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	if r.qemuPID(id) == 0 {
 		if _, err := os.Stat(statePath(spec)); err == nil {
-			return nil // suspended already
+			return r.finishSave(spec) // saved already
 		}
 		return fmt.Errorf("suspend: %w", runtime.ErrNotFound)
 	}
@@ -157,6 +158,7 @@ func (r *Runtime) Suspend(ctx context.Context, spec runtime.Spec) error {
 	if err != nil && r.qemuPID(id) != 0 {
 		// A suspend that fails leaves the sandbox running as before.
 		os.Remove(statePath(spec)) // not the state: the VM runs on
+		os.Remove(savingPath(spec))
 		if q, qerr := r.qmp(ctx, id); qerr == nil {
 			q.execute(ctx, "migrate_cancel", nil)
 			q.execute(ctx, "cont", nil)
@@ -213,6 +215,14 @@ func lowSpace(dir string) bool {
 // save stops the VM, migrates its device state (not its RAM, which is the
 // RAM file) to statePath, ends QEMU and flushes RAM file, disk and state.
 func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
+	if err := r.saveUnflushed(ctx, spec); err != nil {
+		return err
+	}
+	return r.flushSave(spec)
+}
+
+// saveUnflushed is save up to the end of QEMU.
+func (r *Runtime) saveUnflushed(ctx context.Context, spec runtime.Spec) error {
 	id := spec.SandboxID
 	q, err := r.qmp(ctx, id)
 	if err != nil {
@@ -225,10 +235,19 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 	if err := os.MkdirAll(spec.SnapshotDir, 0o700); err != nil {
 		return err
 	}
+	boot, err := procfs.BootID()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(savingPath(spec), []byte(boot), 0o600); err != nil {
+		return err
+	}
 	// The device state is complete once stored: it is the sandbox's state
 	// before QEMU goes, so a server killed from here on finds the sandbox
-	// saved (the RAM file and disk are final: the VM is stopped).
+	// saved (the RAM file and disk are final: the VM is stopped), and
+	// finishes the flush (finishSave).
 	if err := writeState(ctx, q, statePath(spec)); err != nil {
+		os.Remove(savingPath(spec))
 		return err
 	}
 	q.execute(ctx, "quit", nil)
@@ -236,12 +255,57 @@ func (r *Runtime) save(ctx context.Context, spec runtime.Spec) error {
 	if err := removeCgroup(id); err != nil {
 		r.log.Warn("vm: suspend", "sandbox_id", id, "err", err)
 	}
-	for _, p := range []string{r.memPath(id), r.diskPath(id)} {
+	return nil
+}
+
+// savingPath, beside the device state, holds the host's boot id while a
+// suspend's RAM file and disk are not yet flushed: written before the
+// device state, removed with the flush's last step. A device state found
+// with it was saved by a server killed before the flush: in the same boot
+// of the host the files are whole in the page cache and the flush is
+// finished (finishSave); after a restart of the host they may have lost
+// writes, and the save is not trusted.
+func savingPath(spec runtime.Spec) string { return statePath(spec) + ".saving" }
+
+// flushSave flushes a suspended sandbox's RAM file and disk, then marks the
+// save flushed: savingPath's removal, made durable with the device state's
+// name by the directory's fsync.
+func (r *Runtime) flushSave(spec runtime.Spec) error {
+	for _, p := range []string{r.memPath(spec.SandboxID), r.diskPath(spec.SandboxID)} {
 		if err := fsync(p); err != nil {
 			return fmt.Errorf("flush %s: %w", filepath.Base(p), err)
 		}
 	}
+	if err := os.Remove(savingPath(spec)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	return fsync(spec.SnapshotDir)
+}
+
+// savedInEarlierBoot reports whether a suspend's save was left unflushed
+// in an earlier boot of the host (savingPath).
+func savedInEarlierBoot(spec runtime.Spec) bool {
+	b, err := os.ReadFile(savingPath(spec))
+	if err != nil {
+		return false
+	}
+	boot, err := procfs.BootID()
+	return err == nil && string(b) != boot
+}
+
+// finishSave finishes the suspend of a sandbox whose QEMU a killed server
+// ended after saving its device state: its files are flushed, unless they
+// were left unflushed before the host restarted (then the sandbox is not
+// found: its save cannot be trusted).
+func (r *Runtime) finishSave(spec runtime.Spec) error {
+	if savedInEarlierBoot(spec) {
+		return fmt.Errorf("suspend: the save was not flushed before the host restarted: %w", runtime.ErrNotFound)
+	}
+	if _, err := os.Stat(savingPath(spec)); err != nil {
+		return nil // flushed
+	}
+	r.log.Warn("vm: flushing the save a killed server left unflushed", "sandbox_id", spec.SandboxID)
+	return r.flushSave(spec)
 }
 
 // leaveAgent closes the agent channel while the guest runs, so the agent
@@ -456,7 +520,7 @@ func (r *Runtime) Recover(ctx context.Context, spec runtime.Spec) (runtime.Statu
 		}
 		return runtime.StatusAbsent, fmt.Errorf("qemu is %s", st)
 	}
-	if _, err := os.Stat(statePath(spec)); err == nil {
+	if _, err := os.Stat(statePath(spec)); err == nil && !savedInEarlierBoot(spec) {
 		return runtime.StatusSuspended, nil
 	}
 	return runtime.StatusAbsent, nil
