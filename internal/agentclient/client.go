@@ -257,12 +257,6 @@ func (c *Client) Configure(ctx context.Context, cfg proto.Configure, entropy []b
 	return i, err
 }
 
-// Sync flushes the guest's filesystems.
-func (c *Client) Sync(ctx context.Context) error {
-	_, _, err := c.Call(ctx, proto.MethodSync, proto.Empty{}, nil)
-	return err
-}
-
 // CreateProcess registers a process without starting it.
 func (c *Client) CreateProcess(ctx context.Context, spec proto.ProcessSpec) (proto.Process, error) {
 	p, _, err := call[proto.Process](ctx, c, proto.MethodProcCreate, spec, nil)

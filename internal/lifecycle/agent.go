@@ -176,16 +176,3 @@ func (e *Engine) identify(ctx context.Context, rt runtime.Runtime, spec runtime.
 		e.doubt(spec.SandboxID, nil)
 	}
 }
-
-// flush asks the agent to write everything to disk before a suspend.
-func (e *Engine) flush(ctx context.Context, rt runtime.Runtime, spec runtime.Spec) {
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	c, err := rt.Agent(actx, spec)
-	if err != nil {
-		return
-	}
-	if err := sandboxio.Wrap(c).Sync(actx); err != nil {
-		e.log.Warn("flush filesystems before suspend", "sandbox_id", spec.SandboxID, "err", err)
-	}
-}

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/lifecycle"
@@ -369,6 +371,53 @@ func testRestartMarksLostSandboxFailed(t *testing.T) {
 	got, _ := w2.eng.Get(context.Background(), sb.ID)
 	if got.State != sandbox.Failed || got.Error == nil {
 		t.Fatalf("lost sandbox = %s %+v", got.State, got.Error)
+	}
+}
+
+// hungAgent is the FAKE runtime whose sandboxes' agents, once hung is
+// set, accept a connection and never answer (a wedged agent no test can
+// make on cue): every Agent call waits until its context ends, and is
+// counted.
+type hungAgent struct {
+	*fakeruntime.Runtime
+	hung  atomic.Bool
+	calls atomic.Int32
+}
+
+func (h *hungAgent) Agent(ctx context.Context, spec runtime.Spec) (*agentclient.Client, error) {
+	if h.hung.Load() {
+		h.calls.Add(1)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return h.Runtime.Agent(ctx, spec)
+}
+
+// A suspend saves the sandbox without its agent: memory and disk are saved
+// as one pair, so nothing needs writing out first, and a sandbox whose
+// agent no longer answers is suspended all the same. (A flush through the
+// agent before every save waited out its 10 s for such a sandbox, past the
+// operation's own timeout.)
+func TestSuspendDoesNotNeedTheAgentFaultInjection(t *testing.T) {
+	h := &hungAgent{}
+	w := newWorldWith(t, t.TempDir(), fakeruntime.Config{}, func(c *lifecycle.Config) {
+		h.Runtime = c.Runtimes[0].(*fakeruntime.Runtime)
+		c.Runtimes = []runtime.Runtime{h}
+	})
+	sb := create(t, w)
+	h.hung.Store(true)
+	op, err := w.eng.Suspend(context.Background(), sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wait(t, w, op.ID); got.State != sandbox.OpSucceeded {
+		t.Fatalf("suspend of a sandbox whose agent hangs: %+v", got.Error)
+	}
+	if s := state(t, w, sb.ID); s != sandbox.Suspended {
+		t.Fatalf("after the suspend: %s", s)
+	}
+	if n := h.calls.Load(); n != 0 {
+		t.Fatalf("the suspend waited on the hung agent %d times", n)
 	}
 }
 

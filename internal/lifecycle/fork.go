@@ -275,9 +275,6 @@ func (e *Engine) saveSource(ctx context.Context, rt runtime.Runtime, src *sandbo
 			running = false
 		}
 	}
-	if running {
-		e.flush(ctx, rt, spec)
-	}
 	if err := os.MkdirAll(e.cfg.SnapshotRoot, 0o700); err != nil {
 		return fmt.Errorf("make snapshot directory: %w", err)
 	}

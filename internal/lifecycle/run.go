@@ -226,9 +226,6 @@ func (e *Engine) act(ctx context.Context, rt runtime.Runtime, op sandbox.Operati
 		if err := os.MkdirAll(spec.SnapshotDir, 0o700); err != nil {
 			return fmt.Errorf("make snapshot directory: %w", err)
 		}
-		if op.From == sandbox.Running {
-			e.flush(ctx, rt, spec)
-		}
 		if err := rt.Suspend(ctx, spec); err != nil {
 			return err
 		}

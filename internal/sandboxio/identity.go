@@ -36,11 +36,6 @@ func (a *Agent) Configure(ctx context.Context, id Identity) error {
 	return a.fail("configure", err)
 }
 
-// Sync writes the sandbox's file systems to disk (before a suspend).
-func (a *Agent) Sync(ctx context.Context) error {
-	return a.fail("sync", a.c.Sync(ctx))
-}
-
 // Metrics is a sandbox's use of CPU, memory and disk as the sandbox itself
 // accounts it (what E2B's envd reports); memory and disk in bytes.
 type Metrics struct {
