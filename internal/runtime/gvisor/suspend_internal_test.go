@@ -533,6 +533,15 @@ func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
 	assertNothingLeft(t, r, id)
 }
 
+// runsOn reports whether process pid runs and was not killed: neither
+// ending nor gone, nor holding a SIGKILL it has not been scheduled to take
+// yet (on a loaded host the killed process may not have run since).
+func runsOn(pid int) bool {
+	s, err := procfs.Stat(pid)
+	killed, kerr := procfs.KillPending(pid)
+	return err == nil && kerr == nil && !s.Ending() && !s.Gone() && !killed
+}
+
 // assertClearedAway checks what a suspend or delete that cleared the
 // sandbox's container away (clearAway) leaves the moment it returns: the
 // processes named ending or gone, no runsc record, no cgroup under the
@@ -540,10 +549,7 @@ func TestSuspendClearsTheContainerAwayAtOnce(t *testing.T) {
 func assertClearedAway(t *testing.T, r *Runtime, id, after string, procs map[string]int) {
 	t.Helper()
 	for what, p := range procs {
-		// Killed: ending, or a SIGKILL it has not been scheduled to take.
-		s, err := procfs.Stat(p)
-		killed, kerr := procfs.KillPending(p)
-		if err == nil && kerr == nil && !s.Ending() && !killed {
+		if runsOn(p) {
 			t.Errorf("the sandbox's %s (%d) runs on after %s", what, p, after)
 		}
 	}
@@ -639,7 +645,7 @@ exec "` + runsc + `" "$@"
 	if err := r.Suspend(ctx, spec); err != nil {
 		t.Fatalf("a suspend whose runsc delete failed after the kill: %v", err)
 	}
-	if p, err := procfs.Stat(pid); err == nil && !p.Ending() && !p.Gone() {
+	if runsOn(pid) {
 		t.Errorf("the sandbox's process (%d) runs on after the suspend", pid)
 	}
 	if st, err := r.Recover(ctx, spec); err != nil || st != runtime.StatusSuspended {
