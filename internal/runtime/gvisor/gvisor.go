@@ -133,6 +133,10 @@ func New(cfg Config) (*Runtime, error) {
 		}
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger, exits: exitwatch.New(cfg.Logger), direct: directIO(cfg.Dir), redialSignal: syscall.SIGCONT, redialWait: 10 * time.Second, moveCgroup: os.Rename}
+	// Before any operation can start a sandbox of its own.
+	if orphans := r.sweepOrphans(); len(orphans) > 0 {
+		r.log.Warn("gvisor: ended sandboxes that run from this runtime's directory but that runsc has no record of (their files were removed under them?)", "sandboxes", orphans)
+	}
 	// What an earlier server discarded but had not removed yet.
 	go os.RemoveAll(r.trashDir())
 	go func() {

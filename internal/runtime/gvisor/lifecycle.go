@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/ids"
 	"github.com/spacesandbox/space/internal/procfs"
 	"github.com/spacesandbox/space/internal/runtime"
 )
@@ -134,6 +135,18 @@ func (r *Runtime) awaitEarlierRunsc(ctx context.Context, id string) error {
 // runscRunning reports whether a `runsc <verb> … <id>` process runs for one
 // of verbs.
 func runscRunning(id string, verbs ...string) bool {
+	found := false
+	eachRunsc(func(_ int, name string, args []string) bool {
+		found = args[len(args)-1] == id && slices.ContainsFunc(verbs, func(v string) bool { return slices.Contains(args, v) })
+		return !found
+	})
+	return found
+}
+
+// eachRunsc calls fn with the pid, program name and arguments of each host
+// process whose program name has "runsc" in it (runsc, runsc-sandbox,
+// runsc-gofer) and which has arguments, until fn returns false.
+func eachRunsc(fn func(pid int, name string, args []string) bool) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -141,11 +154,15 @@ func runscRunning(id string, verbs ...string) bool {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) > 1 && strings.Contains(args[0], "runsc") && args[len(args)-1] == id && slices.ContainsFunc(verbs, func(v string) bool { return slices.Contains(args, v) }) {
-			return true
+		name := filepath.Base(args[0])
+		if len(args) < 2 || !strings.Contains(name, "runsc") {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err == nil && !fn(pid, name, args) {
+			return
 		}
 	}
-	return false
 }
 
 // Create boots a sandbox and waits for its agent. A half-made sandbox of the
@@ -362,28 +379,66 @@ func (r *Runtime) goferOf(id string) (pid int, named bool) {
 	return st.GoferPid, true
 }
 
+// sweepOrphans ends, at start, the sandboxes whose processes run from this
+// runtime's runsc root but which runsc has no record of there: a data
+// directory removed under running sandboxes (or a record lost) leaves them
+// running with nothing that could reach or end them. One a runsc command
+// still works on (a `runsc restore` a killed server started, which
+// records it when done) is left to it; one made by a runsc killed before
+// it recorded it is ended here, as the operation resumed for it would end
+// it before doing its step again (clearAway). Their cgroups go once their
+// processes have (in the background). It returns the sandboxes ended.
+func (r *Runtime) sweepOrphans() (ended []string) {
+	root := "--root=" + filepath.Join(r.cfg.Dir, "runsc")
+	seen := map[string]bool{}
+	var found []string
+	eachRunsc(func(_ int, name string, args []string) bool {
+		id := args[len(args)-1]
+		if (name == "runsc-sandbox" || name == "runsc-gofer") && slices.Contains(args, root) && ids.Valid(ids.Sandbox, id) && !seen[id] {
+			seen[id] = true
+			found = append(found, id)
+		}
+		return true
+	})
+	for _, id := range found {
+		if rec, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(rec) > 0 {
+			continue
+		}
+		if runscRunning(id, "run", "create", "start", "restore", "checkpoint", "delete", "kill") {
+			continue
+		}
+		pids := killStrays(id)
+		if len(pids) == 0 {
+			continue
+		}
+		ended = append(ended, id)
+		r.ending.Add(1)
+		go func() {
+			defer r.ending.Done()
+			for _, pid := range pids {
+				waitGone(context.Background(), pid, 10*time.Second)
+			}
+			for _, cg := range sandboxCgroups(id) {
+				if err := removeCgroup(cg); err != nil {
+					r.log.Warn("gvisor: remove the cgroup of a sandbox runsc had no record of", "sandbox_id", id, "err", err)
+				}
+			}
+		}()
+	}
+	return ended
+}
+
 // killStrays ends what is left of a sandbox's host processes that runsc no
 // longer knows of: a gofer or sandbox process whose `runsc restore` or
 // `runsc run` was killed before runsc recorded them (their command names
 // the sandbox as its last argument). It returns the processes it killed.
 func killStrays(id string) (killed []int) {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(args) < 2 || args[len(args)-1] != id {
-			continue
-		}
-		if name := filepath.Base(args[0]); name != "runsc-gofer" && name != "runsc-sandbox" {
-			continue
-		}
-		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+	eachRunsc(func(pid int, name string, args []string) bool {
+		if (name == "runsc-gofer" || name == "runsc-sandbox") && args[len(args)-1] == id && syscall.Kill(pid, syscall.SIGKILL) == nil {
 			killed = append(killed, pid)
 		}
-	}
+		return true
+	})
 	return killed
 }
 

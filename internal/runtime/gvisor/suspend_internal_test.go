@@ -256,6 +256,51 @@ func TestSuspendDoesNotAdoptASaveOfAnEarlierBootFaultInjection(t *testing.T) {
 	}
 }
 
+// A sandbox that runs from the runtime's directory but that runsc has no
+// record of (its record removed under it, as when the data directory is
+// wiped while sandboxes run) is ended when the next server starts, and its
+// cgroups go; a sandbox with its record is re-adopted as before. Fault
+// injected: the record removed by hand.
+func TestStartEndsSandboxesRunscHasNoRecordOfFaultInjection(t *testing.T) {
+	open, newSpec := testRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := open()
+	orphan, _ := started(ctx, t, r, newSpec)
+	kept, _ := started(ctx, t, r, newSpec)
+	pid := r.pidOf(orphan.SandboxID)
+	if pid == 0 || len(sandboxCgroups(orphan.SandboxID)) == 0 {
+		t.Fatalf("the sandbox's process %d, cgroups %v", pid, sandboxCgroups(orphan.SandboxID))
+	}
+	r.Close()
+	if err := r.removeRecord(orphan.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+
+	r = open()
+	if !waitGone(ctx, pid, 10*time.Second) {
+		t.Fatalf("the sandbox runsc has no record of still runs (pid %d)", pid)
+	}
+	if st, err := r.Recover(ctx, orphan); err != nil || st != runtime.StatusAbsent {
+		t.Fatalf("the ended sandbox: %v %v, want absent", st, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(sandboxCgroups(orphan.SandboxID)) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("cgroups left: %v", sandboxCgroups(orphan.SandboxID))
+		}
+	}
+	if st, err := r.Recover(ctx, kept); err != nil || st != runtime.StatusRunning {
+		t.Fatalf("the sandbox with its record: %v %v, want running", st, err)
+	}
+	c, err := r.Agent(ctx, kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatalf("the kept sandbox's agent: %v", err)
+	}
+}
+
 // A suspend leaves the snapshot directory holding its own generation
 // only: the one the sandbox was woken from moves out at once (to the
 // runtime's trash) and is removed a moment later, not while the suspend
