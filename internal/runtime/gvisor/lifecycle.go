@@ -389,33 +389,56 @@ func (r *Runtime) goferOf(id string) (pid int, named bool) {
 // it before doing its step again (clearAway). Their cgroups go once their
 // processes have (in the background). It returns the sandboxes ended.
 func (r *Runtime) sweepOrphans() (ended []string) {
-	root := "--root=" + filepath.Join(r.cfg.Dir, "runsc")
-	seen := map[string]bool{}
-	var found []string
-	eachRunsc(func(_ int, name string, args []string) bool {
+	runscRoot := filepath.Join(r.cfg.Dir, "runsc")
+	root := "--root=" + runscRoot
+	// One look at the host's processes: each sandbox's own (its sandbox
+	// process and gofer, both named with this root), and the sandboxes a
+	// runsc command works on.
+	procs := map[string][]int{}
+	busy := map[string]bool{}
+	eachRunsc(func(pid int, name string, args []string) bool {
 		id := args[len(args)-1]
-		if (name == "runsc-sandbox" || name == "runsc-gofer") && slices.Contains(args, root) && ids.Valid(ids.Sandbox, id) && !seen[id] {
-			seen[id] = true
-			found = append(found, id)
+		switch {
+		case name == "runsc-sandbox" || name == "runsc-gofer":
+			if slices.Contains(args, root) && ids.Valid(ids.Sandbox, id) {
+				procs[id] = append(procs[id], pid)
+			}
+		case slices.ContainsFunc([]string{"run", "create", "start", "restore", "checkpoint", "delete", "kill"}, func(v string) bool { return slices.Contains(args, v) }):
+			busy[id] = true
 		}
 		return true
 	})
-	for _, id := range found {
-		if rec, _ := filepath.Glob(filepath.Join(r.cfg.Dir, "runsc", "*"+id+"*")); len(rec) > 0 {
+	if len(procs) == 0 {
+		return nil
+	}
+	// runsc's records (as removeRecord finds them): unreadable, nothing can
+	// be told an orphan.
+	recs, err := os.ReadDir(runscRoot)
+	if err != nil {
+		r.log.Warn("gvisor: read runsc's records; not looking for sandboxes it has none of", "err", err)
+		return nil
+	}
+	recorded := func(id string) bool {
+		return slices.ContainsFunc(recs, func(e os.DirEntry) bool { return strings.Contains(e.Name(), id) })
+	}
+	for id, pids := range procs {
+		if recorded(id) || busy[id] {
 			continue
 		}
-		if runscRunning(id, "run", "create", "start", "restore", "checkpoint", "delete", "kill") {
-			continue
+		var killed []int
+		for _, pid := range pids {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed = append(killed, pid)
+			}
 		}
-		pids := killStrays(id)
-		if len(pids) == 0 {
+		if len(killed) == 0 {
 			continue
 		}
 		ended = append(ended, id)
 		r.ending.Add(1)
 		go func() {
 			defer r.ending.Done()
-			for _, pid := range pids {
+			for _, pid := range killed {
 				waitGone(context.Background(), pid, 10*time.Second)
 			}
 			for _, cg := range sandboxCgroups(id) {
@@ -425,6 +448,7 @@ func (r *Runtime) sweepOrphans() (ended []string) {
 			}
 		}()
 	}
+	slices.Sort(ended)
 	return ended
 }
 
